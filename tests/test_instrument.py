@@ -1,0 +1,161 @@
+"""instrument(), rollout(), reward() and @tool against a real collector process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry import trace
+
+import lightning_otel
+from helpers import wait_for
+from lightning_otel.collector import connect
+from lightning_otel.instrument import schema
+from lightning_otel.servers import free_port
+
+
+def _rows(collector, sql, expected_count, *params):
+    def query():
+        return connect(collector.data_dir).execute(sql, list(params)).fetchall()
+
+    return wait_for(query, lambda rows: len(rows) >= expected_count)
+
+
+def test_instrument_twice_adds_nothing(instrumented, session_collector):
+    provider = instrumented.tracer_provider
+    processors = len(provider._active_span_processor._span_processors)
+    assert lightning_otel.instrument() is instrumented
+    assert lightning_otel.instrument(endpoint="http://127.0.0.1:1/ignored") is instrumented
+    assert len(provider._active_span_processor._span_processors) == processors
+    with trace.get_tracer("t").start_as_current_span("only-once"):
+        pass
+    instrumented.flush()
+    rows = wait_for(
+        lambda: connect(session_collector.data_dir).execute("SELECT count(*) FROM spans WHERE name = 'only-once'").fetchone()[0],
+        lambda n: n >= 1,
+    )
+    # the raw files hold it once too: no second exporter sent a copy
+    raw = connect(session_collector.data_dir).execute(
+        f"SELECT count(*) FROM read_parquet('{session_collector.data_dir}/spans/**/*.parquet') WHERE name = 'only-once'"
+    ).fetchone()[0]
+    assert rows == 1 and raw == 1
+    assert instrumented.integrations == ["openai"]
+
+
+def test_rollout_identity_reaches_every_span_and_rewards(instrumented, session_collector):
+    @lightning_otel.tool
+    def lookup(key: str) -> dict:
+        return {"key": key, "value": 42}
+
+    with lightning_otel.rollout(task_id="task-ident") as rollout:
+        lookup("answer")
+        with trace.get_tracer("t").start_as_current_span("sub-agent"):
+            lightning_otel.reward(0.25, name="format")
+        rollout.reward(1.0)
+    lightning_otel.reward(0.5, name="late", rollout_id=rollout.rollout_id)  # after the rollout ended
+    instrumented.flush()
+    rows = _rows(
+        session_collector,
+        "SELECT name, span_kind, task_id, tool_name FROM spans WHERE rollout_id = ? ORDER BY name, task_id NULLS LAST",
+        6,
+        rollout.rollout_id,
+    )
+    assert rows == [
+        ("lookup", "TOOL", "task-ident", "lookup"),
+        ("reward", "EVALUATOR", "task-ident", None),
+        ("reward", "EVALUATOR", "task-ident", None),
+        ("reward", "EVALUATOR", None, None),  # late: only the rollout id ties it
+        ("rollout", "AGENT", "task-ident", None),
+        ("sub-agent", None, "task-ident", None),
+    ]
+    conn = connect(session_collector.data_dir)
+    reward, rewards, calls, tools = conn.execute(
+        "SELECT reward, rewards, llm_calls, tool_calls FROM rollouts WHERE rollout_id = ?", [rollout.rollout_id]
+    ).fetchone()
+    assert reward == 1.0 and rewards == {"format": 0.25, "late": 0.5, "reward": 1.0}
+    assert (calls, tools) == (0, 1)
+    tool_output = conn.execute("SELECT output FROM tool_calls WHERE rollout_id = ?", [rollout.rollout_id]).fetchone()[0]
+    assert json.loads(tool_output) == {"key": "answer", "value": 42}
+
+
+def test_bad_rewards_are_refused_at_the_source(instrumented):
+    with pytest.raises(ValueError, match="finite"):
+        with lightning_otel.rollout(task_id="t"):
+            lightning_otel.reward(float("nan"))
+    with pytest.raises(ValueError, match="number"):
+        lightning_otel.reward("high", rollout_id="r")
+    with pytest.raises(RuntimeError, match="outside a rollout"):
+        lightning_otel.reward(1.0)
+    with pytest.raises(ValueError, match="task_id"):
+        with lightning_otel.rollout(task_id=""):
+            pass
+
+
+def test_spans_are_flushed_at_interpreter_exit(session_collector):
+    script = (
+        "import lightning_otel\n"
+        f"lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, service_name='exit-test')\n"
+        "with lightning_otel.rollout(task_id='exit-task'):\n"
+        "    pass\n"
+    )  # no flush(): the TracerProvider's exit hook must send it
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    rows = _rows(session_collector, "SELECT task_id FROM spans WHERE service_name = 'exit-test'", 1)
+    assert rows == [("exit-task",)]
+
+
+class _OtherProviderHandler(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that is not vLLM: stands for a hosted provider, which a test
+    cannot reach from this machine. It records request bodies so the test can check them."""
+
+    bodies: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, payload):
+        data = json.dumps(payload).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._send({"object": "list", "data": [{"id": "gpt-x", "object": "model", "owned_by": "someone-else"}]})
+
+    def do_POST(self):
+        self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self._send({
+            "id": "c1", "object": "chat.completion", "created": 0, "model": "gpt-x",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        })  # fmt: skip
+
+
+def test_other_providers_get_plain_requests_and_normal_spans(instrumented, session_collector):
+    import openai
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), _OtherProviderHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", api_key="k")
+        with lightning_otel.rollout(task_id="other-provider") as rollout:
+            reply = client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "hello"
+    finally:
+        server.shutdown()
+    body = _OtherProviderHandler.bodies[-1]
+    assert "return_token_ids" not in body and "logprobs" not in body
+    instrumented.flush()
+    rows = _rows(
+        session_collector,
+        "SELECT model_name, token_count_prompt, prompt_token_ids FROM llm_calls WHERE rollout_id = ?",
+        1,
+        rollout.rollout_id,
+    )
+    assert rows == [("gpt-x", 3, None)]

@@ -1,0 +1,66 @@
+"""Advantages, rollout-level normalization and the PPO-clip loss on hand-computed examples."""
+
+import math
+
+import pytest
+import torch
+
+from lightning_otel.trainer.merge import Sample
+from lightning_otel.trainer.objective import group_advantages, ppo_clip_token_loss, rollout_token_weights
+
+
+def test_group_advantages_z_score_within_each_task():
+    # task a: rewards 1, 0 -> mean 0.5, population std 0.5 -> +1, -1
+    # task b: rewards 2, 2, 5 -> mean 3, std sqrt(((1+1+4)/3)) = sqrt(2)
+    adv = group_advantages([1.0, 0.0, 2.0, 2.0, 5.0], ["a", "a", "b", "b", "b"], eps=0.0)
+    assert adv[:2] == pytest.approx([1.0, -1.0])
+    assert adv[2:] == pytest.approx([-1 / math.sqrt(2), -1 / math.sqrt(2), 2 / math.sqrt(2)])
+
+
+def test_group_advantages_mean_only_and_zero_variance():
+    adv = group_advantages([3.0, 1.0, 7.0, 7.0], ["a", "a", "b", "b"], scale_by_std=False)
+    assert adv == [1.0, -1.0, 0.0, 0.0]  # task b has no variance: no signal
+
+
+def test_group_advantages_reject_non_finite():
+    with pytest.raises(ValueError, match="non-finite"):
+        group_advantages([1.0, float("nan")], ["a", "a"])
+
+
+def test_rollout_split_into_three_samples_weighs_the_same_as_one_sample():
+    # rollout 0: one sample with 4 generated tokens; rollout 1: three samples, 1 + 2 + 3 tokens
+    masks = [[0, 1, 1, 1, 1], [0, 1], [0, 0, 1, 1], [1, 1, 1]]
+    weights = rollout_token_weights(masks, [0, 1, 1, 1])
+    # R = 2: rollout 0 tokens weigh 1/(2*4); rollout 1 tokens weigh 1/(2*6)
+    assert weights[0] == [0.0, 0.125, 0.125, 0.125, 0.125]
+    assert weights[1] == [0.0, pytest.approx(1 / 12)]
+    assert weights[3] == [pytest.approx(1 / 12)] * 3
+    per_rollout = [sum(weights[0]), sum(sum(w) for w in weights[1:])]
+    assert per_rollout == [pytest.approx(0.5), pytest.approx(0.5)]
+    # with sample-level normalization rollout 1 would have weighed 3/4 of the batch instead
+
+
+def test_rollout_level_loss_is_mean_over_rollouts_of_token_means():
+    # per-token losses for the batch above, chosen by hand
+    masks = [[1, 1], [1], [1, 1, 1]]
+    rollout_of_sample = [0, 1, 1]
+    losses = [[2.0, 4.0], [1.0], [3.0, 5.0, 7.0]]
+    weights = rollout_token_weights(masks, rollout_of_sample)
+    total = sum(w * l for ws, ls in zip(weights, losses) for w, l in zip(ws, ls))
+    # rollout 0 mean = 3, rollout 1 mean = (1+3+5+7)/4 = 4 -> (3 + 4) / 2
+    assert total == pytest.approx(3.5)
+
+
+def test_ppo_clip_on_hand_computed_tokens():
+    behaviour = torch.zeros(4)
+    logprobs = torch.log(torch.tensor([1.5, 0.5, 1.1, 0.7]))  # ratios 1.5, 0.5, 1.1, 0.7
+    advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    loss, clipped = ppo_clip_token_loss(logprobs, behaviour, advantages, eps_low=0.2, eps_high=0.28)
+    # A>0: min(1.5, 1.28) = 1.28 (clipped); min(0.5, 0.8) = 0.5
+    # A<0: min(-1.1, -1.1) = -1.1; min(-0.7, -0.8) = -0.8 (clipped)
+    assert loss.tolist() == pytest.approx([-1.28, -0.5, 1.1, 0.8])
+    assert clipped.tolist() == [True, False, False, True]
+
+
+def test_sample_helper_counts_generated_tokens():
+    assert Sample(token_ids=[1, 2, 3], loss_mask=[0, 1, 1], behaviour_logprobs=[0, -1, -1]).generated_tokens == 2

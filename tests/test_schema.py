@@ -1,0 +1,43 @@
+"""The span schema is one module, agrees with OpenInference, and is fully documented."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
+
+from lightning_otel.instrument import schema
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_openinference_names_match_the_semantic_conventions_package():
+    for name in ("OPENINFERENCE_SPAN_KIND", "LLM_MODEL_NAME", "LLM_PROVIDER", "LLM_SYSTEM", "LLM_INVOCATION_PARAMETERS",
+                 "LLM_TOKEN_COUNT_PROMPT", "LLM_TOKEN_COUNT_COMPLETION", "LLM_TOKEN_COUNT_TOTAL", "TOOL_NAME",
+                 "TOOL_PARAMETERS", "INPUT_VALUE", "INPUT_MIME_TYPE", "OUTPUT_VALUE", "OUTPUT_MIME_TYPE",
+                 "SESSION_ID", "AGENT_NAME"):  # fmt: skip
+        assert getattr(schema, name) == getattr(SpanAttributes, name), name
+    for kind in ("LLM", "TOOL", "AGENT", "CHAIN", "EVALUATOR"):
+        assert getattr(schema, f"KIND_{kind}") == OpenInferenceSpanKindValues[kind].value
+
+
+def test_every_attribute_we_write_is_documented():
+    doc = (ROOT / "docs" / "span-schema.md").read_text()
+    for name in schema.LIGHTNING_ATTRIBUTES:
+        assert f"`{name}`" in doc, f"{name} missing from docs/span-schema.md"
+    documented = set(re.findall(r"`(lightning\.[a-z_.]+)`", doc))
+    assert documented <= set(schema.LIGHTNING_ATTRIBUTES), documented - set(schema.LIGHTNING_ATTRIBUTES)
+
+
+def test_no_module_spells_our_attribute_names_itself():
+    """Attribute names live in instrument/schema.py only; everyone else imports them."""
+    offenders = []
+    for folder in ("instrument", "collector", "trainer", "dashboards", "lightning_otel"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name == "schema.py" and path.parent.name == "instrument":
+                continue
+            for name in schema.LIGHTNING_ATTRIBUTES:
+                if f'"{name}"' in path.read_text() or f"'{name}'" in path.read_text():
+                    offenders.append(f"{path.relative_to(ROOT)}: {name}")
+    assert offenders == []
