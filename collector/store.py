@@ -1,4 +1,4 @@
-"""The Parquet trace store: DATA/spans/date=YYYY-MM-DD/hour=HH/part-<segment>.parquet (zstd).
+"""The Parquet trace store: DATA/spans/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet (zstd).
 
 Files are written under a temporary name and renamed into place, so a reader's glob never
 sees half a file. A segment's file names are fixed by its id, so converting the same WAL
@@ -48,7 +48,7 @@ def ensure_schema_file(data_dir: str | Path) -> Path:
     return path
 
 
-def write_segment(data_dir: str | Path, segment: int, table: pa.Table) -> list[Path]:
+def write_segment(data_dir: str | Path, segment: str, table: pa.Table) -> list[Path]:
     """Write one converted WAL segment, split into hourly partitions by span start time."""
     starts = table.column("start_time").cast(pa.int64()).to_pylist()
     by_hour: dict[int, list[int]] = defaultdict(list)
@@ -57,7 +57,7 @@ def write_segment(data_dir: str | Path, segment: int, table: pa.Table) -> list[P
     written = []
     for hour, indices in sorted(by_hour.items()):
         when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
-        path = spans_dir(data_dir) / f"date={when:%Y-%m-%d}" / f"hour={when:%H}" / f"part-{segment:012d}.parquet"
+        path = spans_dir(data_dir) / f"date={when:%Y-%m-%d}" / f"hour={when:%H}" / f"part-{segment}.parquet"
         _write_atomic(table.take(pa.array(indices)), path)
         written.append(path)
     return written
@@ -86,7 +86,7 @@ class SegmentConverter:
                     self.wal.remove(segment)
                     written += table.num_rows
                 except Exception:  # noqa: BLE001 - keep the segment, keep serving, say why
-                    log.exception("could not convert WAL segment %d; keeping it for a retry", segment)
+                    log.exception("could not convert WAL segment %s; keeping it for a retry", segment)
         return written
 
     def flush(self) -> int:

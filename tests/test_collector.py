@@ -152,3 +152,11 @@ def test_another_process_queries_while_the_collector_runs(collector):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["name", "call-0", "call-1"]
+
+
+def test_restarts_never_overwrite_earlier_data(tmp_path):
+    """An empty log restarts its sequence; the Parquet files of earlier runs must survive that."""
+    for run in range(3):
+        with Collector(tmp_path / "data", http_port=free_port(), flush_interval_s=3600) as collector:
+            assert post(collector.http_endpoint + "/v1/traces", request_bytes(_llm_spans(1)))[0] == 200
+        assert connect(tmp_path / "data").execute("SELECT count(*) FROM spans").fetchone()[0] == 2 * (run + 1)
