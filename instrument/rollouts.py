@@ -139,9 +139,10 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
 
     def decorate(fn: Callable) -> Callable:
         tool_name = name or fn.__name__
+        signature = inspect.signature(fn)
 
         def start(args: tuple, kwargs: dict):
-            bound = inspect.signature(fn).bind_partial(*args, **kwargs)
+            bound = signature.bind_partial(*args, **kwargs)
             attributes = {
                 schema.OPENINFERENCE_SPAN_KIND: schema.KIND_TOOL,
                 schema.TOOL_NAME: tool_name,

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>11} | {:>9} | {:>7} | {:>10}"
-HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "mean reward", "loss", "swap s", "probe diff")
+HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "mean reward", "grad norm", "swap s", "probe diff")
 
 
 def _wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int, timeout_s: float = 60.0) -> None:
@@ -39,12 +39,14 @@ def run_demo(workdir: str | Path, iterations: int = 3, tasks: int = 4, rollouts_
     import os
 
     from transformers import AutoTokenizer
+    from transformers.utils import logging as transformers_logging
 
     from lightning_otel.collector import connect
     from lightning_otel.servers import CollectorProcess, VLLMServer
     from lightning_otel.trainer import PolicyTrainer, UpdateConfig, VLLMAdmin, probe_max_diff
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
+    transformers_logging.disable_progress_bar()  # keep the table readable
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = workdir / "model"
@@ -84,7 +86,7 @@ def run_demo(workdir: str | Path, iterations: int = 3, tasks: int = 4, rollouts_
             row = ROW.format(
                 iteration, len(result.selection.rollouts), result.selection.llm_calls,
                 f"{result.batch.samples_per_rollout:.2f}", f"{result.mean_reward:.3f}",
-                f"{result.metrics['loss']:.4f}", f"{swap.seconds:.2f}", f"{diff:.1e}",
+                f"{result.metrics['grad_norm']:.3f}", f"{swap.seconds:.2f}", f"{diff:.1e}",
             )  # fmt: skip
             print(row, flush=True)
             if diff > 1e-4:

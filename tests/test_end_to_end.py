@@ -150,3 +150,26 @@ def test_a_reload_that_fails_inside_vllm_rolls_back(vllm_server, tiny_model_dir,
     with pytest.raises(SwapError, match="rolled back"):
         hot_swap(admin, tmp_path / "broken", version="never", rollback_dir=tiny_model_dir, validate=False)
     _still_serving_the_same(vllm_server, admin, version, logprobs)
+
+
+def test_async_client_calls_are_captured_too(vllm_server, instrumented, session_collector):
+    import asyncio
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="unused")
+        with lightning_otel.rollout(task_id="async-task") as rollout:
+            replies = await asyncio.gather(*[
+                client.chat.completions.create(model=vllm_server.served_model_name,
+                                               messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=4)
+                for i in range(3)
+            ])  # fmt: skip
+        return rollout.rollout_id, replies
+
+    rollout_id, replies = asyncio.run(run())
+    instrumented.flush()
+    conn = connect(session_collector.data_dir)
+    rows = wait_for(
+        lambda: conn.execute("SELECT completion_token_ids FROM llm_calls WHERE rollout_id = ?", [rollout_id]).fetchall(),
+        lambda r: len(r) >= 3,
+    )
+    assert sorted(r[0] for r in rows) == sorted(reply.choices[0].model_extra["token_ids"] for reply in replies)
