@@ -1,26 +1,39 @@
-"""OTLP/HTTP receiver: POST /v1/traces with application/x-protobuf (optionally gzip).
+"""OTLP/HTTP receiver (POST /v1/traces) and the optional read-only query endpoint (POST /v1/query).
 
-A 200 is sent only after the request is in the write-ahead log and fsynced. Errors follow the
-OTLP specification: 400 with a google.rpc.Status body for undecodable data (not retried by
-exporters), 413 above the size cap, 415 for other content types, and a 200 with
-`partial_success` when some spans were rejected (invalid ids) and the rest stored.
+Traces: `application/x-protobuf` or `application/json` (OTLP/JSON), optionally gzip; the reply
+uses the request's content type. A 200 is sent only after the write-ahead log's fsync covers the
+request. Errors follow the OTLP specification: 400 with a google.rpc.Status body for undecodable
+data, 401 without the bearer token (when one is set), 413 above the decompressed-size cap (a gzip
+bomb stops at the cap), 415 for other content types, 429/503 with Retry-After when overloaded, and
+a 200 with `partial_success` when some spans were rejected.
+
+Query: `{"sql": "SELECT ..."}` -> `{"columns": [...], "rows": [[...], ...]}`, one read-only
+statement against a sandboxed DuckDB connection (collector/query.py), bearer token required.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
 import logging
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import duckdb
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from lightning_otel.collector.spans_table import decode_request, has_valid_ids
-from lightning_otel.collector.wal import WriteAheadLog
+from lightning_otel.collector.config import DEFAULT_MAX_BODY
+from lightning_otel.collector.ingest import Ingestor, Overloaded
+from lightning_otel.collector.otlp_json import decode_json, encode_json
+from lightning_otel.collector.query import check_read_only, sandboxed_connect
+from lightning_otel.collector.spans_table import decode_request
+from lightning_otel.collector.wal import GZIP
 
 log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"
-DEFAULT_MAX_BODY = 20 * 1024 * 1024  # decompressed bytes
+JSON = "application/json"
+MAX_QUERY_ROWS = 100_000
 
 
 class BodyTooLarge(ValueError):
@@ -41,100 +54,144 @@ def gunzip_capped(data: bytes, limit: int) -> bytes:
     return out
 
 
-def drop_invalid_spans(request) -> int:  # noqa: ANN001 - ExportTraceServiceRequest
-    """Remove spans with ids of the wrong length in place; return how many were removed."""
-    rejected = 0
-    for resource in request.resource_spans:
-        for scope in resource.scope_spans:
-            valid = [span for span in scope.spans if has_valid_ids(span)]
-            if len(valid) != len(scope.spans):
-                rejected += len(scope.spans) - len(valid)
-                kept = [s.SerializeToString() for s in valid]
-                del scope.spans[:]
-                for raw in kept:
-                    scope.spans.add().ParseFromString(raw)
-    return rejected
+def bearer_ok(header: str | None, token: str | None) -> bool:
+    if not token:
+        return True
+    expected = f"Bearer {token}"
+    return header is not None and hmac.compare_digest(header.strip().encode(), expected.encode())
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse connections
+    timeout = 60  # seconds a silent or slow client may hold a connection (and its thread)
     server: "OTLPHTTPServer"
 
-    def log_message(self, fmt: str, *args) -> None:  # quiet by default; errors are logged below
+    def log_message(self, fmt: str, *args) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
 
-    def _reply(self, code: int, body: bytes = b"", content_type: str = PROTOBUF, close: bool = False) -> None:
+    def _reply(self, code: int, body: bytes, content_type: str, headers: dict | None = None, close: bool = False) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         if close:
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, http_code: int, grpc_code: int, message: str, close: bool = False) -> None:
+    def _error(self, http_code: int, grpc_code: int, message: str, content_type: str = PROTOBUF,
+               headers: dict | None = None, close: bool = False) -> None:  # fmt: skip
         status = status_pb2.Status(code=grpc_code, message=message)
-        self._reply(http_code, status.SerializeToString(), close=close)
+        body = encode_json(status) if content_type == JSON else status.SerializeToString()
+        self._reply(http_code, body, content_type, headers, close)
+
+    def _read_body(self, content_type: str) -> bytes | None:
+        """The raw body, or None after replying with an error (too large, no length)."""
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self._error(411, code_pb2.INVALID_ARGUMENT, "Content-Length required", content_type, close=True)
+            return None
+        if length > self.server.max_body_bytes:
+            self._error(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {self.server.max_body_bytes} bytes", content_type, close=True)
+            return None
+        return self.rfile.read(length)
 
     def do_GET(self) -> None:  # noqa: N802 - http.server naming
         if self.path == "/health":
-            self._reply(200, b"ok", content_type="text/plain")
+            self._reply(200, b"ok", "text/plain")
         else:
             self._error(404, code_pb2.NOT_FOUND, f"no route {self.path}")
 
     def do_POST(self) -> None:  # noqa: N802
-        if self.path.split("?", 1)[0] != "/v1/traces":
+        route = self.path.split("?", 1)[0]
+        if route == "/v1/traces":
+            self._export()
+        elif route == "/v1/query" and self.server.query_token:
+            self._query()
+        else:
             self._error(404, code_pb2.NOT_FOUND, f"no route {self.path}", close=True)
-            return
+
+    def _export(self) -> None:
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        if content_type != PROTOBUF:
+        reply_type = JSON if content_type == JSON else PROTOBUF
+        if not bearer_ok(self.headers.get("Authorization"), self.server.token):
+            self._error(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
+                        headers={"WWW-Authenticate": "Bearer"}, close=True)  # fmt: skip
+            return
+        if content_type not in (PROTOBUF, JSON):
             self._error(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {content_type!r}", close=True)
             return
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self._error(411, code_pb2.INVALID_ARGUMENT, "Content-Length required", close=True)
+        raw = self._read_body(reply_type)
+        if raw is None:
             return
-        limit = self.server.max_body_bytes
-        if length > limit:
-            self._error(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {limit} bytes", close=True)
-            return
-        body = self.rfile.read(length)
+        gzipped = (self.headers.get("Content-Encoding") or "").strip().lower() == "gzip"
         try:
-            if (self.headers.get("Content-Encoding") or "").strip().lower() == "gzip":
-                body = gunzip_capped(body, limit)
-            request = decode_request(body)
+            body = gunzip_capped(raw, self.server.max_body_bytes) if gzipped else raw
+            if content_type == JSON:
+                request = decode_json(body)
+                stored, flags = request.SerializeToString(), 0
+            else:
+                request = decode_request(body)
+                stored, flags = (raw, GZIP) if gzipped else (body, 0)  # keep gzip bodies compressed in the log
+            result = self.server.ingestor.export(request, stored, flags)
         except BodyTooLarge as exc:
-            self._error(413, code_pb2.INVALID_ARGUMENT, str(exc))
+            self._error(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
             return
         except ValueError as exc:
-            self._error(400, code_pb2.INVALID_ARGUMENT, str(exc))
+            self._error(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
             return
-        rejected = drop_invalid_spans(request)
-        if rejected:
-            body = request.SerializeToString()
-        try:
-            self.server.wal.append(body)
-        except OSError as exc:  # disk full or gone: tell the exporter to retry later
+        except Overloaded as exc:
+            code = 429 if exc.too_many_requests else 503
+            self._error(code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)})
+            return
+        except OSError as exc:  # disk full or gone: the exporter should retry later
             log.error("write-ahead log append failed: %s", exc)
-            self.send_response(503)
-            self.send_header("Retry-After", "5")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+            self._error(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
             return
         response = ExportTraceServiceResponse()
-        if rejected:
-            response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = f"{rejected} span(s) with invalid trace or span ids"
-        self._reply(200, response.SerializeToString())
+        if result.rejected:
+            response.partial_success.rejected_spans = result.rejected
+            response.partial_success.error_message = result.message
+        self._reply(200, encode_json(response) if reply_type == JSON else response.SerializeToString(), reply_type)
+
+    def _query(self) -> None:
+        if not bearer_ok(self.headers.get("Authorization"), self.server.query_token):
+            self._reply(401, b'{"error": "missing or wrong bearer token"}', JSON, headers={"WWW-Authenticate": "Bearer"}, close=True)
+            return
+        raw = self._read_body(JSON)
+        if raw is None:
+            return
+        try:
+            sql = json.loads(raw)["sql"]
+            if not isinstance(sql, str):
+                raise ValueError("'sql' must be a string")
+            check_read_only(sql)
+            conn = sandboxed_connect(self.server.data_dir)
+            try:
+                result = conn.execute(sql)
+                columns = [d[0] for d in result.description] if result.description else []
+                rows = result.fetchmany(MAX_QUERY_ROWS + 1)
+            finally:
+                conn.close()
+        except (ValueError, KeyError, TypeError, duckdb.Error) as exc:
+            self._reply(400, json.dumps({"error": str(exc)}).encode(), JSON)
+            return
+        payload = {"columns": columns, "rows": rows[:MAX_QUERY_ROWS], "truncated": len(rows) > MAX_QUERY_ROWS}
+        self._reply(200, json.dumps(payload, default=str).encode(), JSON)
 
 
 class OTLPHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str, port: int, wal: WriteAheadLog, max_body_bytes: int = DEFAULT_MAX_BODY) -> None:
-        self.wal = wal
+    def __init__(self, host: str, port: int, ingestor: Ingestor, data_dir: str, token: str | None = None,
+                 query_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY) -> None:  # fmt: skip
+        self.ingestor = ingestor
+        self.data_dir = data_dir
+        self.token = token
+        self.query_token = query_token
         self.max_body_bytes = max_body_bytes
         super().__init__((host, port), _Handler)

@@ -6,21 +6,25 @@ number of processes can query while the collector writes. Views re-expand the fi
 each query, so new data shows up without reconnecting.
 
 Views (docs/sql.md has columns and examples):
-  spans      one row per (trace_id, span_id): retried exports never show twice
+  spans      one row per (trace_id, span_id): retried exports and compaction overlap never show twice
   llm_calls  LLM spans with token ids, logprobs and policy version
   tool_calls TOOL spans
   rewards    one row per reward report
   rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
+
+`sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
+or extension access outside the trace store, settings locked, and `check_read_only` refuses any
+statement that is not a query.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 import duckdb
 
 from lightning_otel.collector.spans_table import SPANS_SCHEMA
-from lightning_otel.collector.store import spans_dir
+from lightning_otel.collector.store import Store
 from lightning_otel.instrument import schema
 
 
@@ -82,16 +86,60 @@ def view_statements(source: str) -> list[str]:
     ]
 
 
-def connect(data_dir: str | Path) -> duckdb.DuckDBPyConnection:
-    """A fresh in-memory DuckDB connection with the trace views over `data_dir`'s Parquet files."""
-    conn = duckdb.connect()
-    root = spans_dir(data_dir)
-    if any(root.rglob("*.parquet")):
-        source = f"read_parquet({_literal(str(root / '**' / '*.parquet'))}, union_by_name = true)"
+def _register_filesystem(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
+    """Object storage: DuckDB reads s3:// through an fsspec filesystem (no httpfs download needed)."""
+    import fsspec
+
+    protocol = store.uri.split("://", 1)[0]
+    options = {}
+    if protocol in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL"):
+        options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
+    conn.register_filesystem(fsspec.filesystem(protocol, **options))
+
+
+def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
+    if not store.is_local:
+        _register_filesystem(conn, store)
+    if store.has_data():
+        source = f"read_parquet({_literal(store.glob())}, union_by_name = true)"
     else:
         # No store yet: views over an empty table of the right shape (reconnect once data exists).
         conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
         source = "_empty_spans"
     for statement in view_statements(source):
         conn.execute(statement)
+
+
+def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB connection with the trace views over `data_dir`'s Parquet files."""
+    conn = duckdb.connect()
+    _create_views(conn, Store(data_dir))
     return conn
+
+
+def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
+    """Like connect(), but SQL can read only the trace store and change nothing outside the session."""
+    store = Store(data_dir)
+    conn = duckdb.connect(config={"memory_limit": memory_limit, "autoinstall_known_extensions": False,
+                                  "autoload_known_extensions": False})  # fmt: skip
+    _create_views(conn, store)
+    if store.is_local:
+        conn.execute("SET allowed_directories = [?]", [store.spans_root + os.sep])
+    conn.execute("SET enable_external_access = false")
+    conn.execute("SET lock_configuration = true")
+    return conn
+
+
+_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+def check_read_only(sql: str) -> None:
+    """Raise ValueError unless `sql` is one query (SELECT / WITH / EXPLAIN)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise ValueError(f"cannot parse SQL: {exc}") from None
+    if len(statements) != 1:
+        raise ValueError("exactly one statement is allowed")
+    if statements[0].type not in _READ_ONLY:
+        raise ValueError(f"only queries are allowed, not {statements[0].type.name}")

@@ -1,4 +1,4 @@
-"""The collector process: OTLP/HTTP receiver + write-ahead log + Parquet writer thread."""
+"""The collector process: OTLP receivers (HTTP, gRPC) + write-ahead log + Parquet pipeline."""
 
 from __future__ import annotations
 
@@ -6,34 +6,43 @@ import logging
 import threading
 from pathlib import Path
 
-from lightning_otel.collector.otlp_http import DEFAULT_MAX_BODY, OTLPHTTPServer
-from lightning_otel.collector.store import SegmentConverter, ensure_schema_file
+from lightning_otel.collector.config import CollectorConfig
+from lightning_otel.collector.ingest import Ingestor
+from lightning_otel.collector.otlp_grpc import start_grpc_server
+from lightning_otel.collector.otlp_http import OTLPHTTPServer
+from lightning_otel.collector.pipeline import Pipeline
+from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import WriteAheadLog
 
 log = logging.getLogger(__name__)
-DEFAULT_DATA_DIR = "./lightning-data"
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_HTTP_PORT = 4318
 
 
 class Collector:
     """Start with `start()` (or as a context manager); `stop()` drains the log into Parquet."""
 
-    def __init__(
-        self,
-        data_dir: str | Path = DEFAULT_DATA_DIR,
-        host: str = DEFAULT_HOST,
-        http_port: int = DEFAULT_HTTP_PORT,
-        flush_interval_s: float = 1.0,
-        max_body_bytes: int = DEFAULT_MAX_BODY,
-    ) -> None:
-        self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        ensure_schema_file(self.data_dir)
-        self.wal = WriteAheadLog(self.data_dir / "wal")
-        self.converter = SegmentConverter(self.data_dir, self.wal, flush_interval_s)
-        self.http = OTLPHTTPServer(host, http_port, self.wal, max_body_bytes)
-        self._thread = threading.Thread(target=self.http.serve_forever, name="lightning-otel-http", daemon=True)
+    def __init__(self, config: CollectorConfig | None = None, **overrides) -> None:
+        config = config or CollectorConfig()
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        self.config = config
+        self.store = Store(config.data_dir)
+        if config.wal_dir is None and not self.store.is_local:
+            raise ValueError("with an object-store data dir, --wal-dir must name a local directory")
+        self.store.ensure_schema_file()
+        self.wal = WriteAheadLog(config.wal_dir or Path(self.store.root) / "wal")
+        self.ingestor = Ingestor(self.wal, max_inflight=config.max_inflight, max_backlog_bytes=config.max_backlog_bytes)
+        self.pipeline = Pipeline(
+            self.store, self.wal, config.flush_interval_s, config.workers, config.compact_min_files,
+            config.compact_interval_s, config.compact_grace_s, config.retention_hours,
+        )  # fmt: skip
+        self.http: OTLPHTTPServer | None = None
+        self.grpc = None
+        self.grpc_port = 0
+        self._http_thread: threading.Thread | None = None
+
+    @property
+    def data_dir(self) -> Path | str:
+        return Path(self.store.root) if self.store.is_local else self.store.uri
 
     @property
     def http_endpoint(self) -> str:
@@ -41,19 +50,28 @@ class Collector:
         return f"http://{host}:{port}"
 
     def start(self) -> "Collector":
-        self.converter.start()
-        self._thread.start()
-        log.info("collector: OTLP/HTTP on %s/v1/traces, data in %s", self.http_endpoint, self.data_dir)
+        config = self.config
+        self.pipeline.start()
+        if config.http_port:
+            self.http = OTLPHTTPServer(config.host, config.http_port, self.ingestor, self.store.uri,
+                                       config.token, config.query_token, config.max_body_bytes)  # fmt: skip
+            self._http_thread = threading.Thread(target=self.http.serve_forever, name="lightning-otel-http", daemon=True)
+            self._http_thread.start()
+        if config.grpc_port:
+            self.grpc, self.grpc_port = start_grpc_server(config.host, config.grpc_port, self.ingestor, config.token)
         return self
 
-    def flush(self) -> int:
-        """Make everything acknowledged so far queryable now; returns spans written."""
-        return self.converter.flush()
+    def flush(self) -> None:
+        """Make everything acknowledged so far queryable now."""
+        self.pipeline.flush()
 
     def stop(self) -> None:
-        self.http.shutdown()
-        self.http.server_close()
-        self.converter.stop()
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+        if self.grpc is not None:
+            self.grpc.stop(grace=5).wait()
+        self.pipeline.stop()
         self.wal.close()
 
     def __enter__(self) -> "Collector":

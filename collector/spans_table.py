@@ -1,14 +1,23 @@
-"""OTLP spans -> one Arrow table row per span, in the layout of the Parquet store.
+"""OTLP spans -> Arrow record batches, one row per span, in the layout of the Parquet store.
 
 Promoted columns hold what people filter and join on (ids, times, status, service, the
 OpenInference kind, model, token counts, rollout identity, rewards, policy version) and the
-token arrays as list columns. Every other attribute stays in the `attributes` map, with string
-values as they are and other values JSON-encoded, so nothing sent is lost.
+token arrays as list columns. Every other attribute stays in the `attributes` map, string values
+as they are and others JSON-encoded, so nothing sent is lost (a promoted attribute whose value does
+not fit its column stays in the map too).
+
+Speed matters here (BENCHMARKS.md): the loop touches each attribute once, token arrays sent as
+packed (`lightning.llm.packed.*`) become list columns straight from their bytes, and columns are built from flat
+buffers rather than per-row Python objects.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import sys
+from array import array
 from typing import Any, Iterable
 
 import pyarrow as pa
@@ -17,28 +26,31 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from lightning_otel.instrument import schema
 
 TIMESTAMP = pa.timestamp("us", tz="UTC")
+_BIG_ENDIAN = sys.byteorder == "big"
 
-# (column, arrow type, attribute it is promoted from or None)
-_PROMOTED: tuple[tuple[str, pa.DataType, str], ...] = (
-    ("span_kind", pa.string(), schema.OPENINFERENCE_SPAN_KIND),
-    ("model_name", pa.string(), schema.LLM_MODEL_NAME),
-    ("token_count_prompt", pa.int64(), schema.LLM_TOKEN_COUNT_PROMPT),
-    ("token_count_completion", pa.int64(), schema.LLM_TOKEN_COUNT_COMPLETION),
-    ("token_count_total", pa.int64(), schema.LLM_TOKEN_COUNT_TOTAL),
-    ("tool_name", pa.string(), schema.TOOL_NAME),
-    ("rollout_id", pa.string(), schema.ROLLOUT_ID),
-    ("task_id", pa.string(), schema.TASK_ID),
-    ("attempt", pa.int64(), schema.ATTEMPT),
-    ("is_rollout_root", pa.bool_(), schema.ROLLOUT_ROOT),
-    ("reward_name", pa.string(), schema.REWARD_NAME),
-    ("reward_value", pa.float64(), schema.REWARD_VALUE),
-    ("policy_version", pa.string(), schema.POLICY_VERSION),
-    ("finish_reason", pa.string(), schema.FINISH_REASON),
-    ("prompt_token_ids", pa.list_(pa.int32()), schema.PROMPT_TOKEN_IDS),
-    ("completion_token_ids", pa.list_(pa.int32()), schema.COMPLETION_TOKEN_IDS),
-    ("completion_logprobs", pa.list_(pa.float64()), schema.COMPLETION_LOGPROBS),
+# scalar promoted columns: (column, arrow type, attribute, accepted python type)
+_SCALARS: tuple[tuple[str, pa.DataType, str, type], ...] = (
+    ("span_kind", pa.string(), schema.OPENINFERENCE_SPAN_KIND, str),
+    ("model_name", pa.string(), schema.LLM_MODEL_NAME, str),
+    ("token_count_prompt", pa.int64(), schema.LLM_TOKEN_COUNT_PROMPT, int),
+    ("token_count_completion", pa.int64(), schema.LLM_TOKEN_COUNT_COMPLETION, int),
+    ("token_count_total", pa.int64(), schema.LLM_TOKEN_COUNT_TOTAL, int),
+    ("tool_name", pa.string(), schema.TOOL_NAME, str),
+    ("rollout_id", pa.string(), schema.ROLLOUT_ID, str),
+    ("task_id", pa.string(), schema.TASK_ID, str),
+    ("attempt", pa.int64(), schema.ATTEMPT, int),
+    ("is_rollout_root", pa.bool_(), schema.ROLLOUT_ROOT, bool),
+    ("reward_name", pa.string(), schema.REWARD_NAME, str),
+    ("reward_value", pa.float64(), schema.REWARD_VALUE, float),
+    ("policy_version", pa.string(), schema.POLICY_VERSION, str),
+    ("finish_reason", pa.string(), schema.FINISH_REASON, str),
 )
-PROMOTED_ATTRIBUTES = {attribute: column for column, _, attribute in _PROMOTED}
+# list columns: (column, element type, typecode, plain-array attribute, packed attribute)
+_LISTS: tuple[tuple[str, pa.DataType, str, str, str], ...] = (
+    ("prompt_token_ids", pa.int32(), "i", schema.PROMPT_TOKEN_IDS, schema.PACKED_PROMPT_TOKEN_IDS),
+    ("completion_token_ids", pa.int32(), "i", schema.COMPLETION_TOKEN_IDS, schema.PACKED_COMPLETION_TOKEN_IDS),
+    ("completion_logprobs", pa.float64(), "d", schema.COMPLETION_LOGPROBS, schema.PACKED_COMPLETION_LOGPROBS),
+)
 
 SPANS_SCHEMA = pa.schema(
     [
@@ -54,7 +66,8 @@ SPANS_SCHEMA = pa.schema(
         ("status_message", pa.string()),
         ("service_name", pa.string()),
         ("scope_name", pa.string()),
-        *[(column, dtype) for column, dtype, _ in _PROMOTED],
+        *[(column, dtype) for column, dtype, _, _ in _SCALARS],
+        *[(column, pa.list_(dtype)) for column, dtype, _, _, _ in _LISTS],
         ("attributes", pa.map_(pa.string(), pa.string())),
         ("resource_attributes", pa.map_(pa.string(), pa.string())),
         ("events", pa.string()),  # JSON list of {name, time_unix_nano, attributes}
@@ -63,6 +76,12 @@ SPANS_SCHEMA = pa.schema(
 
 _SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 _STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
+# attribute -> (is_list, index, accepted type for scalars / is_packed for lists)
+_SLOTS: dict[str, tuple[bool, int, Any]] = {
+    **{attribute: (False, i, kind) for i, (_, _, attribute, kind) in enumerate(_SCALARS)},
+    **{plain: (True, i, False) for i, (_, _, _, plain, _) in enumerate(_LISTS)},
+    **{packed: (True, i, True) for i, (_, _, _, _, packed) in enumerate(_LISTS)},
+}
 
 
 def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
@@ -82,24 +101,53 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _coerce(value: Any, dtype: pa.DataType) -> Any:
-    """Promoted values that do not fit their column stay in the map instead (returns None)."""
-    if value is None:
+def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list) -> bool:  # noqa: ANN001
+    """Put a promoted attribute's value in its column; False if it does not fit (it stays in the map)."""
+    is_list, index, kind = slot
+    if which is None:
+        return True  # an empty value: nothing to keep
+    plain = value.bytes_value if which == "bytes_value" else (value.string_value if which == "string_value" else any_value(value))
+    if not is_list:
+        if not _fits(plain, kind):
+            return False
+        row_scalars[index] = float(plain) if kind is float else plain
+        return True
+    data = _array_bytes(plain, _LISTS[index][2], kind)
+    if data is None:
+        return False
+    if kind or row_lists[index] is None:  # a packed value wins over a plain array
+        row_lists[index] = data
+    return True
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _array_bytes(value: Any, typecode: str, is_packed: bool) -> bytes | None:
+    """Native-order bytes of a token/logprob array, or None if the value is not one.
+    Packed values are little-endian bytes, or those bytes in base64."""
+    try:
+        if is_packed:
+            data = base64.b64decode(value, validate=True) if isinstance(value, str) else value
+            if not isinstance(data, bytes) or len(data) % array(typecode).itemsize:
+                return None
+            if not _BIG_ENDIAN:
+                return data
+            packed = array(typecode)
+            packed.frombytes(data)
+            packed.byteswap()  # the wire format is little-endian; Arrow buffers are native
+            return packed.tobytes()
+        if not isinstance(value, list):
+            return None
+        packed = array(typecode, value)
+    except (binascii.Error, TypeError, ValueError, OverflowError):
         return None
-    if pa.types.is_string(dtype):
-        return value if isinstance(value, str) else _as_text(value)
-    if pa.types.is_boolean(dtype):
-        return value if isinstance(value, bool) else None
-    if pa.types.is_integer(dtype):
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-    if pa.types.is_floating(dtype):
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if pa.types.is_list(dtype):
-        return value if isinstance(value, list) else None
-    return None
-
-
-_PROMOTED_TYPES = {attribute: dtype for _, dtype, attribute in _PROMOTED}
+    return packed.tobytes()
 
 
 def decode_request(body: bytes) -> ExportTraceServiceRequest:
@@ -121,53 +169,122 @@ def has_valid_ids(span) -> bool:  # noqa: ANN001 - opentelemetry.proto Span
     return len(span.trace_id) == 16 and len(span.span_id) == 8 and len(span.parent_span_id) in (0, 8)
 
 
-def rows(requests: Iterable[ExportTraceServiceRequest]) -> dict[str, list]:
-    """Columns (dict of lists) for all spans in the requests."""
-    columns: dict[str, list] = {field.name: [] for field in SPANS_SCHEMA}
-    for request in requests:
+class _Builder:
+    """Accumulates one record batch's columns as flat Python lists and byte chunks."""
+
+    def __init__(self) -> None:
+        self.fixed: dict[str, list] = {name: [] for name in (
+            "trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "duration_ms",
+            "status_code", "status_message", "service_name", "scope_name", "events")}  # fmt: skip
+        self.scalars: list[list] = [[] for _ in _SCALARS]
+        self.lists: list[list[bytes | None]] = [[] for _ in _LISTS]
+        self.attr_keys: list[str] = []
+        self.attr_values: list[str] = []
+        self.attr_offsets: list[int] = [0]
+        self.res_keys: list[str] = []
+        self.res_values: list[str] = []
+        self.res_offsets: list[int] = [0]
+
+    def add_request(self, request: ExportTraceServiceRequest) -> None:
+        # Hot loop (BENCHMARKS.md): locals instead of attribute and dict lookups, one slot lookup
+        # per attribute, and a fast path for the common case, an unpromoted string attribute.
+        fixed = self.fixed
+        trace_ids, span_ids, parents, names = fixed["trace_id"], fixed["span_id"], fixed["parent_span_id"], fixed["name"]
+        kinds, starts, ends, durations = fixed["kind"], fixed["start_time"], fixed["end_time"], fixed["duration_ms"]
+        codes, messages, services, scopes, events = (fixed["status_code"], fixed["status_message"],
+                                                     fixed["service_name"], fixed["scope_name"], fixed["events"])  # fmt: skip
+        scalars, lists = self.scalars, self.lists
+        keys, values, offsets = self.attr_keys, self.attr_values, self.attr_offsets
+        keys_append, values_append, slot_of = keys.append, values.append, _SLOTS.get
+        n_scalars, n_lists = len(_SCALARS), len(_LISTS)
         for resource_spans in request.resource_spans:
-            resource = {kv.key: any_value(kv.value) for kv in resource_spans.resource.attributes}
-            service = resource.get(schema.SERVICE_NAME)
-            resource_map = [(k, _as_text(v)) for k, v in resource.items()]
+            resource = [(kv.key, any_value(kv.value)) for kv in resource_spans.resource.attributes]
+            service = next((v for k, v in resource if k == schema.SERVICE_NAME and isinstance(v, str)), None)
+            resource_keys = [k for k, _ in resource]
+            resource_values = [_as_text(v) for _, v in resource]
             for scope_spans in resource_spans.scope_spans:
+                scope_name = scope_spans.scope.name or None
                 for span in scope_spans.spans:
-                    promoted: dict[str, Any] = {}
-                    rest = []
+                    row_scalars: list = [None] * n_scalars
+                    row_lists: list = [None] * n_lists
                     for kv in span.attributes:
-                        value = any_value(kv.value)
-                        dtype = _PROMOTED_TYPES.get(kv.key)
-                        coerced = _coerce(value, dtype) if dtype is not None else None
-                        if coerced is not None:
-                            promoted[PROMOTED_ATTRIBUTES[kv.key]] = coerced
-                        elif value is not None:
-                            rest.append((kv.key, _as_text(value)))
-                    columns["trace_id"].append(span.trace_id.hex())
-                    columns["span_id"].append(span.span_id.hex())
-                    columns["parent_span_id"].append(span.parent_span_id.hex() or None)
-                    columns["name"].append(span.name)
-                    columns["kind"].append(_SPAN_KINDS.get(span.kind, str(span.kind)))
-                    columns["start_time"].append(span.start_time_unix_nano // 1000)
-                    columns["end_time"].append(span.end_time_unix_nano // 1000)
-                    columns["duration_ms"].append((span.end_time_unix_nano - span.start_time_unix_nano) / 1e6)
-                    columns["status_code"].append(_STATUS.get(span.status.code, str(span.status.code)))
-                    columns["status_message"].append(span.status.message or None)
-                    columns["service_name"].append(service if isinstance(service, str) else None)
-                    columns["scope_name"].append(scope_spans.scope.name or None)
-                    for column, _, _ in _PROMOTED:
-                        columns[column].append(promoted.get(column))
-                    columns["attributes"].append(rest)
-                    columns["resource_attributes"].append(resource_map)
-                    events = [
-                        {
-                            "name": event.name,
-                            "time_unix_nano": event.time_unix_nano,
-                            "attributes": {kv.key: any_value(kv.value) for kv in event.attributes},
-                        }
-                        for event in span.events
-                    ]
-                    columns["events"].append(json.dumps(events) if events else None)
-    return columns
+                        key, value = kv.key, kv.value
+                        which = value.WhichOneof("value")
+                        slot = slot_of(key)
+                        if slot is None or not _promote(slot, which, value, row_scalars, row_lists):
+                            if which == "string_value":
+                                keys_append(key)
+                                values_append(value.string_value)
+                            elif which is not None:
+                                keys_append(key)
+                                values_append(value.bytes_value.hex() if which == "bytes_value" else _as_text(any_value(value)))
+                    offsets.append(len(keys))
+                    for column, cell in zip(scalars, row_scalars):
+                        column.append(cell)
+                    for column, cell in zip(lists, row_lists):
+                        column.append(cell)
+                    start, end = span.start_time_unix_nano, span.end_time_unix_nano
+                    trace_ids.append(span.trace_id.hex())
+                    span_ids.append(span.span_id.hex())
+                    parents.append(span.parent_span_id.hex() or None)
+                    names.append(span.name)
+                    kinds.append(_SPAN_KINDS.get(span.kind) or str(span.kind))
+                    starts.append(start // 1000)
+                    ends.append(end // 1000)
+                    durations.append((end - start) / 1e6)
+                    status = span.status
+                    codes.append(_STATUS.get(status.code) or str(status.code))
+                    messages.append(status.message or None)
+                    services.append(service)
+                    scopes.append(scope_name)
+                    events.append(_events_json(span.events) if span.events else None)
+                    self.res_keys.extend(resource_keys)
+                    self.res_values.extend(resource_values)
+                    self.res_offsets.append(len(self.res_keys))
+
+    def batch(self) -> pa.RecordBatch:
+        columns: dict[str, pa.Array] = {}
+        for name, values in self.fixed.items():
+            columns[name] = pa.array(values, SPANS_SCHEMA.field(name).type)
+        for (column, dtype, _, _), values in zip(_SCALARS, self.scalars):
+            columns[column] = pa.array(values, dtype)
+        for (column, dtype, _, _, _), chunks in zip(_LISTS, self.lists):
+            columns[column] = _list_array(chunks, dtype)
+        columns["attributes"] = pa.MapArray.from_arrays(
+            pa.array(self.attr_offsets, pa.int32()), pa.array(self.attr_keys, pa.string()), pa.array(self.attr_values, pa.string())
+        )
+        columns["resource_attributes"] = pa.MapArray.from_arrays(
+            pa.array(self.res_offsets, pa.int32()), pa.array(self.res_keys, pa.string()), pa.array(self.res_values, pa.string())
+        )
+        return pa.RecordBatch.from_arrays([columns[f.name] for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
+
+
+def _events_json(events) -> str:  # noqa: ANN001 - repeated Span.Event
+    return json.dumps([
+        {"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": {kv.key: any_value(kv.value) for kv in e.attributes}}
+        for e in events
+    ])  # fmt: skip
+
+
+def _list_array(chunks: list[bytes | None], dtype: pa.DataType) -> pa.Array:
+    """A list column from per-row little-endian byte chunks (None = null row), no per-element Python."""
+    width = dtype.bit_width // 8
+    offsets, total = [0], 0
+    for chunk in chunks:
+        total += len(chunk) // width if chunk else 0
+        offsets.append(total)
+    data = b"".join(chunk for chunk in chunks if chunk)
+    values = pa.Array.from_buffers(dtype, total, [None, pa.py_buffer(data)])
+    mask = pa.array([chunk is None for chunk in chunks], pa.bool_())
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values, mask=mask)
+
+
+def to_batch(requests: Iterable[ExportTraceServiceRequest]) -> pa.RecordBatch:
+    builder = _Builder()
+    for request in requests:
+        builder.add_request(request)
+    return builder.batch()
 
 
 def to_table(requests: Iterable[ExportTraceServiceRequest]) -> pa.Table:
-    return pa.Table.from_pydict(rows(requests), schema=SPANS_SCHEMA)
+    return pa.Table.from_batches([to_batch(requests)], schema=SPANS_SCHEMA)

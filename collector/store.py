@@ -1,109 +1,129 @@
-"""The Parquet trace store: DATA/spans/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet (zstd).
+"""The Parquet trace store, on a local directory or object storage (s3://bucket/prefix).
 
-Files are written under a temporary name and renamed into place, so a reader's glob never
-sees half a file. A segment's file names are fixed by its id, so converting the same WAL
-segment twice (a crash between writing Parquet and deleting the segment) rewrites the same
-files instead of adding duplicates.
+Layout (Hive partitioning, readable as is by DuckDB, Spark, Trino, ClickHouse):
+    ROOT/spans/_schema.parquet                                  zero rows, the full schema
+    ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet
+    ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/compact-<id>.parquet
+
+A WAL segment's files are named after it, so converting the same segment twice (a crash between
+writing Parquet and deleting the segment) rewrites the same files instead of adding rows.
+Locally, files are written under a temporary name that does not end in .parquet and renamed into
+place, so a reader's glob never sees half a file; object stores make a PUT visible only whole.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
+import urllib.parse
 from collections import defaultdict
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from lightning_otel.collector.spans_table import SPANS_SCHEMA, decode_request, to_table
-from lightning_otel.collector.wal import WriteAheadLog
+from lightning_otel.collector.spans_table import SPANS_SCHEMA
 
-log = logging.getLogger(__name__)
 SPANS_DIR = "spans"
-SCHEMA_FILE = "_schema.parquet"  # zero rows, full schema: views always have a file to bind to
+SCHEMA_FILE = "_schema.parquet"
 _HOUR_US = 3_600 * 1_000_000
+# Parquet settings chosen by bench/collector_ingest.py (BENCHMARKS.md): dictionaries only where
+# values repeat, statistics only where queries filter, zstd for text, none for token/logprob
+# arrays (near-incompressible; compressing them halved throughput for little space).
+_DICTIONARY_COLUMNS = [
+    "name", "kind", "status_code", "service_name", "scope_name", "span_kind", "model_name", "tool_name",
+    "task_id", "reward_name", "policy_version", "finish_reason", "attributes.key_value.key",
+    "resource_attributes.key_value.key", "resource_attributes.key_value.value",
+]  # fmt: skip
+_STATISTICS_COLUMNS = ["trace_id", "span_id", "start_time", "end_time", "service_name", "span_kind", "rollout_id", "task_id", "policy_version"]
+_UNCOMPRESSED = {"prompt_token_ids.list.element", "completion_token_ids.list.element", "completion_logprobs.list.element"}
 
 
-def spans_dir(data_dir: str | Path) -> Path:
-    return Path(data_dir) / SPANS_DIR
+def _leaf_columns() -> list[str]:
+    sink = pa.BufferOutputStream()
+    pq.write_table(SPANS_SCHEMA.empty_table(), sink)
+    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    return [parquet_schema.column(i).path for i in range(len(parquet_schema))]
 
 
-def _write_atomic(table: pa.Table, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # The temporary name must not end in .parquet, or a reader's glob could pick it up.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
-    pq.write_table(table, tmp, compression="zstd")
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+_LEAVES = _leaf_columns()
+WRITE_OPTIONS = dict(
+    use_dictionary=_DICTIONARY_COLUMNS,
+    write_statistics=_STATISTICS_COLUMNS,
+    compression={c: ("none" if c in _UNCOMPRESSED else "zstd") for c in _LEAVES},
+    compression_level={c: 1 for c in _LEAVES if c not in _UNCOMPRESSED},
+)
 
 
-def ensure_schema_file(data_dir: str | Path) -> Path:
-    path = spans_dir(data_dir) / SCHEMA_FILE
-    if not path.exists():
-        _write_atomic(SPANS_SCHEMA.empty_table(), path)
-    return path
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def write_segment(data_dir: str | Path, segment: str, table: pa.Table) -> list[Path]:
-    """Write one converted WAL segment, split into hourly partitions by span start time."""
-    starts = table.column("start_time").cast(pa.int64()).to_pylist()
-    by_hour: dict[int, list[int]] = defaultdict(list)
-    for row, start in enumerate(starts):
-        by_hour[(start or 0) // _HOUR_US].append(row)
-    written = []
-    for hour, indices in sorted(by_hour.items()):
+class Store:
+    """Where the Parquet files live: a local directory or an object-store URI (pyarrow.fs)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.uri = str(root)
+        self.is_local = "://" not in self.uri
+        if self.is_local:
+            self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+            self.root = os.path.abspath(self.uri)
+        else:
+            self.fs, self.root = pafs.FileSystem.from_uri(self.uri)
+        self.spans_root = f"{self.root.rstrip('/')}/{SPANS_DIR}"
+
+    def glob(self) -> str:
+        """The pattern readers give to read_parquet."""
+        prefix = self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
+        return f"{prefix}/**/*.parquet"
+
+    def write(self, table: pa.Table, path: str) -> None:
+        if self.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
+            pq.write_table(table, tmp, **WRITE_OPTIONS)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
+        else:
+            pq.write_table(table, path, filesystem=self.fs, **WRITE_OPTIONS)
+
+    def ensure_schema_file(self) -> None:
+        path = f"{self.spans_root}/{SCHEMA_FILE}"
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            self.write(SPANS_SCHEMA.empty_table(), path)
+
+    def partition_dir(self, service: str | None, hour: int) -> str:
         when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
-        path = spans_dir(data_dir) / f"date={when:%Y-%m-%d}" / f"hour={when:%H}" / f"part-{segment}.parquet"
-        _write_atomic(table.take(pa.array(indices)), path)
-        written.append(path)
-    return written
+        service_part = urllib.parse.quote(service or "unknown", safe="")
+        return f"{self.spans_root}/service={service_part}/date={when:%Y-%m-%d}/hour={when:%H}"
 
+    def files(self) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
+        return [
+            info for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
+        ]  # fmt: skip
 
-class SegmentConverter:
-    """Background thread: every `interval_s`, rotate the WAL and turn closed segments into Parquet."""
+    def has_data(self) -> bool:
+        return self.fs.get_file_info(f"{self.spans_root}/{SCHEMA_FILE}").type == pafs.FileType.File or bool(self.files())
 
-    def __init__(self, data_dir: str | Path, wal: WriteAheadLog, interval_s: float = 1.0) -> None:
-        self.data_dir = Path(data_dir)
-        self.wal = wal
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lightning-otel-parquet", daemon=True)
-        self._convert_lock = threading.Lock()
-
-    def convert_closed(self) -> int:
-        """Convert every closed segment; returns spans written. Failed segments stay for a retry."""
-        written = 0
-        with self._convert_lock:
-            for segment in self.wal.closed_segments():
-                try:
-                    table = to_table(decode_request(body) for body in self.wal.read(segment))
-                    if table.num_rows:
-                        write_segment(self.data_dir, segment, table)
-                    self.wal.remove(segment)
-                    written += table.num_rows
-                except Exception:  # noqa: BLE001 - keep the segment, keep serving, say why
-                    log.exception("could not convert WAL segment %s; keeping it for a retry", segment)
+    def write_segment(self, segment: str, table: pa.Table) -> list[str]:
+        """Write one converted WAL segment, split by service and hour of span start."""
+        services = table.column("service_name").to_pylist()
+        hours = [(t or 0) // _HOUR_US for t in table.column("start_time").cast(pa.int64()).to_pylist()]
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for row, key in enumerate(zip(services, hours)):
+            groups[key].append(row)
+        written = []
+        for (service, hour), rows in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+            path = f"{self.partition_dir(service, hour)}/part-{segment}.parquet"
+            self.write(table if len(groups) == 1 else table.take(pa.array(rows)), path)
+            written.append(path)
         return written
-
-    def flush(self) -> int:
-        self.wal.rotate()
-        return self.convert_closed()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.flush()
-
-    def start(self) -> "SegmentConverter":
-        self.convert_closed()  # replay what a previous run left in the log
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.flush()

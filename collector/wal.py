@@ -1,18 +1,21 @@
 """The append-only log that makes an acknowledged export durable before the reply.
 
-Layout: DATA/wal/<sequence>-<random>.wal. The sequence orders segments; the random part makes a
+Layout: WAL_DIR/<sequence>-<random>.wal. The sequence orders segments; the random part makes a
 segment's name unique across restarts (an empty log restarts its sequence), because the Parquet
 files a segment turns into are named after it. A record is
-    u32 length | u32 crc32(payload) | payload (the OTLP/protobuf request body)
-and `append` returns only after write + fsync. A torn record at a segment's end (a crash
-mid-write, never acknowledged) fails its length or CRC check and is dropped on read.
+    u32 length | u32 crc32(payload) | u8 flags | payload
+where the payload is an OTLP/protobuf ExportTraceServiceRequest, gzip-compressed when flags has
+GZIP (a gzip body is stored as received: less to write). A torn record at a segment's end (a
+crash mid-write, never acknowledged) fails its length or CRC check and is dropped on read.
 
-The writer thread rotates the active segment, turns closed segments into Parquet, and deletes
-them; whatever segments exist at start-up are replayed the same way.
+Group commit: writers append under a short lock, then share fsyncs: one fsync covers every record
+written before it, so N concurrent exporters cost about one fsync, not N. `append` returns only
+once its record is covered by a completed fsync.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
 import secrets
 import struct
@@ -21,8 +24,9 @@ import zlib
 from pathlib import Path
 from typing import Iterator
 
-_HEADER = struct.Struct("<II")
+_HEADER = struct.Struct("<IIB")
 _SUFFIX = ".wal"
+GZIP = 1
 
 
 def _fsync_dir(path: Path) -> None:
@@ -33,15 +37,26 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 class WriteAheadLog:
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, max_segment_bytes: int = 32 * 1024 * 1024) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
+        self.max_segment_bytes = max_segment_bytes
+        self._lock = threading.Lock()  # file, sequence and byte counters
+        self._sync_lock = threading.Lock()  # one fsync at a time; rotation too
         existing = self.segments()
         self._next = int(existing[-1].split("-")[0]) + 1 if existing else 1
         self._active: str | None = None
-        self._file = None
+        self._fd: int | None = None
+        self._size = 0
+        self._written = 0  # records written (all segments)
+        self._synced = 0  # records covered by a completed fsync
 
     def path(self, segment: str) -> Path:
         return self.directory / f"{segment}{_SUFFIX}"
@@ -50,26 +65,55 @@ class WriteAheadLog:
         """Segment names, oldest first."""
         return sorted(p.stem for p in self.directory.glob(f"*{_SUFFIX}") if p.stem.split("-")[0].isdigit())
 
-    def append(self, payload: bytes) -> None:
-        """Write one record and fsync it. Returns only once the record is on disk."""
-        header = _HEADER.pack(len(payload), zlib.crc32(payload))
+    def backlog_bytes(self) -> int:
+        """Bytes in segments not yet turned into Parquet (the active one included)."""
+        total = 0
+        for segment in self.segments():
+            try:
+                total += self.path(segment).stat().st_size
+            except FileNotFoundError:
+                continue
+        return total
+
+    def append(self, payload: bytes, flags: int = 0) -> None:
+        """Write one record; return once an fsync covers it."""
+        record = _HEADER.pack(len(payload), zlib.crc32(payload), flags) + payload
+        rotate_after = False
         with self._lock:
-            if self._file is None:
+            if self._fd is None:
                 self._active = f"{self._next:012d}-{secrets.token_hex(4)}"
                 self._next += 1
-                self._file = open(self.path(self._active), "ab")  # noqa: SIM115 - kept open
+                self._fd = os.open(self.path(self._active), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                self._size = 0
                 _fsync_dir(self.directory)  # the new file's name must survive a crash too
-            self._file.write(header + payload)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            _write_all(self._fd, record)
+            self._size += len(record)
+            self._written += 1
+            mine = self._written
+            rotate_after = self._size >= self.max_segment_bytes
+        self._sync(mine)
+        if rotate_after:
+            self.rotate()
+
+    def _sync(self, record: int) -> None:
+        with self._sync_lock:
+            if self._synced >= record:
+                return  # another writer's fsync covered this record
+            with self._lock:
+                fd, target = self._fd, self._written
+            if fd is not None:
+                os.fsync(fd)  # rotation cannot close fd meanwhile: it needs _sync_lock
+            self._synced = target
 
     def rotate(self) -> str | None:
-        """Close the active segment (if any) and return its name; appends go to a new one."""
-        with self._lock:
-            if self._file is None:
+        """fsync and close the active segment (if any) and return its name."""
+        with self._sync_lock, self._lock:
+            if self._fd is None:
                 return None
-            self._file.close()
-            closed, self._file, self._active = self._active, None, None
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._synced = self._written
+            closed, self._fd, self._active = self._active, None, None
             return closed
 
     def closed_segments(self) -> list[str]:
@@ -77,18 +121,24 @@ class WriteAheadLog:
             return [s for s in self.segments() if s != self._active]
 
     def read(self, segment: str) -> Iterator[bytes]:
-        data = self.path(segment).read_bytes()
-        offset = 0
-        while offset + _HEADER.size <= len(data):
-            length, crc = _HEADER.unpack_from(data, offset)
-            start, end = offset + _HEADER.size, offset + _HEADER.size + length
-            if end > len(data) or zlib.crc32(data[start:end]) != crc:
-                return  # torn tail: never acknowledged
-            yield data[start:end]
-            offset = end
+        """The segment's payloads (decompressed), up to the first torn record."""
+        yield from read_segment(self.path(segment))
 
     def remove(self, segment: str) -> None:
         self.path(segment).unlink(missing_ok=True)
 
     def close(self) -> None:
         self.rotate()
+
+
+def read_segment(path: Path) -> Iterator[bytes]:
+    data = path.read_bytes()
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, crc, flags = _HEADER.unpack_from(data, offset)
+        start, end = offset + _HEADER.size, offset + _HEADER.size + length
+        if end > len(data) or zlib.crc32(data[start:end]) != crc:
+            return  # torn tail: never acknowledged
+        payload = data[start:end]
+        yield gzip.decompress(payload) if flags & GZIP else payload
+        offset = end

@@ -59,9 +59,17 @@ DEFAULT_REWARD_NAME = "reward"
 POLICY_VERSION = "lightning.policy.version"  # vLLM weight version that served the call
 
 # --- what training needs from each LLM call (choice 0) ------------------------------------
+# Each comes in two encodings; the collector decodes both into the same list columns:
+# - plain OTLP arrays (int[] / double[]): what any OpenTelemetry SDK can send;
+# - packed: little-endian int32 / float64 as a bytes value, or that byte string in base64 for
+#   SDKs without bytes attributes (instrument/token_encoding.py). instrument() sends packed,
+#   because the collector turns it into a list column without per-token Python work.
 PROMPT_TOKEN_IDS = "lightning.llm.prompt_token_ids"  # int[]
 COMPLETION_TOKEN_IDS = "lightning.llm.completion_token_ids"  # int[]
 COMPLETION_LOGPROBS = "lightning.llm.completion_logprobs"  # double[], one per completion id
+PACKED_PROMPT_TOKEN_IDS = "lightning.llm.packed.prompt_token_ids"  # bytes: int32 little-endian
+PACKED_COMPLETION_TOKEN_IDS = "lightning.llm.packed.completion_token_ids"  # bytes: int32 little-endian
+PACKED_COMPLETION_LOGPROBS = "lightning.llm.packed.completion_logprobs"  # bytes: float64 little-endian
 FINISH_REASON = "lightning.llm.finish_reason"
 
 # Span names we create.
@@ -83,5 +91,8 @@ LIGHTNING_ATTRIBUTES = (
     PROMPT_TOKEN_IDS,
     COMPLETION_TOKEN_IDS,
     COMPLETION_LOGPROBS,
+    PACKED_PROMPT_TOKEN_IDS,
+    PACKED_COMPLETION_TOKEN_IDS,
+    PACKED_COMPLETION_LOGPROBS,
     FINISH_REASON,
 )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lightning_otel.instrument import schema
+from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ def _get(obj: Any, key: str) -> Any:
 
 
 def token_attributes(kind: str, response: Any) -> dict[str, Any]:
-    """The schema's token attributes from a (non-streaming) vLLM response, dict or SDK object.
-    Logprobs are recorded only when they align one to one with the completion ids."""
+    """The schema's token attributes (packed) from a (non-streaming) vLLM response, dict or SDK
+    object. Logprobs are recorded only when they align one to one with the completion ids."""
     choices = _get(response, "choices") or []
     if not choices:
         return {}
@@ -77,11 +78,11 @@ def token_attributes(kind: str, response: Any) -> dict[str, Any]:
     completion_ids = _get(choice, "token_ids")
     attributes: dict[str, Any] = {}
     if prompt_ids is not None:
-        attributes[schema.PROMPT_TOKEN_IDS] = [int(t) for t in prompt_ids]
+        attributes[schema.PACKED_PROMPT_TOKEN_IDS] = pack_ints(prompt_ids)
     if completion_ids is not None:
-        attributes[schema.COMPLETION_TOKEN_IDS] = [int(t) for t in completion_ids]
+        attributes[schema.PACKED_COMPLETION_TOKEN_IDS] = pack_ints(completion_ids)
         if logprobs is not None and len(logprobs) == len(completion_ids):
-            attributes[schema.COMPLETION_LOGPROBS] = logprobs
+            attributes[schema.PACKED_COMPLETION_LOGPROBS] = pack_floats(logprobs)
         elif logprobs is not None:
             log.warning("vLLM returned %d logprobs for %d completion tokens; not recorded",
                         len(logprobs), len(completion_ids))

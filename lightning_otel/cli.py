@@ -7,7 +7,9 @@ without the collector or trainer extras.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -16,19 +18,53 @@ import sys
 import threading
 
 
-def _env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
+_COLLECTOR_HELP = {
+    "data_dir": "trace store: a directory or s3://bucket/prefix",
+    "wal_dir": "write-ahead log directory (local; default DATA_DIR/wal)",
+    "host": "interface to bind (default loopback only)",
+    "http_port": "OTLP/HTTP port (0 disables)",
+    "grpc_port": "OTLP/gRPC port (0 disables)",
+    "token": "bearer token exporters must send (prefer the environment variable)",
+    "query_token": "enables POST /v1/query (read-only SQL) behind this bearer token",
+    "flush_interval_s": "seconds between WAL -> Parquet rounds",
+    "workers": "Parquet conversion processes (0: inside the collector process)",
+    "max_body_bytes": "largest accepted request body, after decompression (413 above)",
+    "max_backlog_bytes": "WAL bytes not yet in Parquet before exporters get 503 + Retry-After",
+    "max_inflight": "concurrent exports before exporters get 429 + Retry-After",
+    "retention_hours": "delete hour partitions older than this (default: keep everything)",
+    "compact_min_files": "compact a live partition once it holds this many small files",
+    "compact_interval_s": "seconds between compaction and retention rounds",
+    "compact_grace_s": "seconds compacted inputs stay on disk for readers that listed them",
+}
+
+
+def _add_dataclass_flags(parser: argparse.ArgumentParser, config_type: type, help_text: dict[str, str]) -> None:
+    """One flag per config field, each defaulting to $LIGHTNING_OTEL_<FIELD> or the field's default."""
+    for field in dataclasses.fields(config_type):
+        env = "LIGHTNING_OTEL_" + field.name.upper()
+        default = os.environ.get(env, field.default)
+        kind = {int: int, float: float}.get(type(field.default), str)
+        if field.name == "retention_hours":
+            kind = float
+        parser.add_argument("--" + field.name.replace("_", "-"), dest=field.name, type=kind, default=default,
+                            help=f"{help_text.get(field.name, '')} [${env}]")  # fmt: skip
 
 
 def _cmd_collector(args: argparse.Namespace) -> int:
-    from lightning_otel.collector import Collector
+    from lightning_otel.collector import Collector, CollectorConfig
 
-    collector = Collector(args.data_dir, host=args.host, http_port=args.http_port, flush_interval_s=args.flush_interval)
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(CollectorConfig)}
+    collector = Collector(CollectorConfig(**values))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     collector.start()
-    print(f"lightning-otel collector: OTLP/HTTP {collector.http_endpoint}/v1/traces, data {args.data_dir}", flush=True)
+    where = []
+    if collector.http is not None:
+        where.append(f"OTLP/HTTP {collector.http_endpoint}/v1/traces")
+    if collector.grpc is not None:
+        where.append(f"OTLP/gRPC {args.host}:{collector.grpc_port}")
+    print(f"lightning-otel collector: {', '.join(where) or 'no receiver'}; data {args.data_dir}", flush=True)
     stop.wait()
     collector.stop()
     print("lightning-otel collector: stopped; all acknowledged spans are in Parquet", flush=True)
@@ -69,12 +105,23 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
     conn = connect(args.data_dir)
     try:
+        if args.format == "parquet":
+            if not args.output:
+                print("error: --format parquet needs --output FILE", file=sys.stderr)
+                return 2
+            conn.sql(args.query).write_parquet(args.output, compression="zstd")
+            return 0
         result = conn.execute(args.query)
     except duckdb.Error as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     columns = [d[0] for d in result.description] if result.description else []
-    _print_rows(columns, result.fetchall() if columns else [], args.format)
+    rows = result.fetchall() if columns else []
+    if args.output:
+        with open(args.output, "w", newline="") as handle, contextlib.redirect_stdout(handle):
+            _print_rows(columns, rows, args.format)
+    else:
+        _print_rows(columns, rows, args.format)
     return 0
 
 
@@ -91,15 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     data_dir = os.environ.get("LIGHTNING_OTEL_DATA_DIR", "./lightning-data")
 
     p = sub.add_parser("collector", help="run the OTLP collector (traces -> Parquet)")
-    p.add_argument("--data-dir", default=data_dir, help="trace store directory [$LIGHTNING_OTEL_DATA_DIR]")
-    p.add_argument("--host", default=os.environ.get("LIGHTNING_OTEL_HOST", "127.0.0.1"))
-    p.add_argument("--http-port", type=int, default=_env_int("LIGHTNING_OTEL_HTTP_PORT", 4318))
-    p.add_argument("--flush-interval", type=float, default=1.0, help="seconds between WAL -> Parquet flushes")
+    from lightning_otel.collector.config import CollectorConfig  # dependency-free: --help works without extras
+
+    _add_dataclass_flags(p, CollectorConfig, _COLLECTOR_HELP)
     p.set_defaults(func=_cmd_collector)
 
     p = sub.add_parser("sql", help="query the trace store with SQL (views: spans, llm_calls, rollouts, ...)")
-    p.add_argument("--data-dir", default=data_dir)
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
+    p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")
+    p.add_argument("--output", help="write to this file (required for parquet)")
     p.add_argument("query")
     p.set_defaults(func=_cmd_sql)
 

@@ -124,10 +124,12 @@ class CollectorProcess(ManagedProcess):
         flush_interval_s: float = 0.5,
         log_path: str | Path | None = None,
         startup_timeout_s: float = 60.0,
+        extra_args: list[str] | None = None,
     ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s)
         self.data_dir = Path(data_dir)
         self.flush_interval_s = flush_interval_s
+        self.extra_args = extra_args or []
 
     @property
     def traces_endpoint(self) -> str:
@@ -137,7 +139,7 @@ class CollectorProcess(ManagedProcess):
         return [
             sys.executable, "-m", "lightning_otel", "collector",
             "--data-dir", str(self.data_dir), "--host", self.host, "--http-port", str(self.port),
-            "--flush-interval", str(self.flush_interval_s),
+            "--grpc-port", "0", "--flush-interval-s", str(self.flush_interval_s), *self.extra_args,
         ]  # fmt: skip
 
 

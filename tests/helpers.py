@@ -13,3 +13,13 @@ def wait_for(query_fn, predicate, timeout_s: float = 20.0, interval_s: float = 0
         if predicate(result) or time.monotonic() > deadline:
             return result
         time.sleep(interval_s)
+
+
+def local_collector(data_dir, **overrides):
+    """An in-process collector on a free HTTP port, no gRPC, converting only when flushed."""
+    from lightning_otel.collector import Collector
+    from lightning_otel.servers import free_port
+
+    settings = dict(data_dir=str(data_dir), http_port=free_port(), grpc_port=0, flush_interval_s=3600, workers=0)
+    settings.update(overrides)
+    return Collector(**settings)

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
+from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
-from lightning_otel.collector import Collector
+
 from lightning_otel.instrument import schema
 from lightning_otel.servers import free_port
 
@@ -21,7 +22,7 @@ def data_dir(tmp_path_factory):
             tracer.start_span(f"call-{i}", attributes={schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
                                                        schema.PROMPT_TOKEN_IDS: [i, i + 1]}).end()
 
-    with Collector(tmp_path_factory.mktemp("cli") / "data", http_port=free_port(), flush_interval_s=3600) as collector:
+    with local_collector(tmp_path_factory.mktemp("cli") / "data") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
         collector.flush()
         return collector.data_dir

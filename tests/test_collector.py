@@ -14,16 +14,16 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from helpers import wait_for
+from helpers import wait_for, local_collector
 from otlp_helpers import make_spans, post, request_bytes
-from lightning_otel.collector import Collector, connect
+from lightning_otel.collector import connect
 from lightning_otel.instrument import schema
 from lightning_otel.servers import CollectorProcess, free_port
 
 
 @pytest.fixture
 def collector(tmp_path):
-    with Collector(tmp_path / "data", http_port=free_port(), flush_interval_s=3600) as running:
+    with local_collector(tmp_path / "data") as running:
         yield running
 
 
@@ -56,11 +56,12 @@ def test_real_exporter_spans_land_in_parquet_with_list_columns(collector):
     # token ids are list columns, not strings
     types = dict(conn.execute("SELECT column_name, column_type FROM (DESCRIBE llm_calls)").fetchall())
     assert types["prompt_token_ids"] == "INTEGER[]" and types["completion_logprobs"] == "DOUBLE[]"
-    # the Parquet files are zstd-compressed, under date=/hour= partitions
+    # Hive partitions by service and hour; zstd for text, token arrays stored uncompressed
     files = list((collector.data_dir / "spans").rglob("part-*.parquet"))
-    assert files and all("date=" in str(f) and "hour=" in str(f) for f in files)
-    codec = conn.execute(f"SELECT DISTINCT compression FROM parquet_metadata('{files[0]}')").fetchall()
-    assert codec == [("ZSTD",)]
+    assert files and all("service=unit/date=" in f.as_posix() and "/hour=" in f.as_posix() for f in files)
+    codecs = dict(conn.execute(f"SELECT path_in_schema, compression FROM parquet_metadata('{files[0]}')").fetchall())
+    assert codecs["attributes, key_value, value"] == "ZSTD" and codecs["name"] == "ZSTD"
+    assert codecs["prompt_token_ids, list, element"] == "UNCOMPRESSED"
 
 
 def test_retried_export_is_seen_once(collector):
@@ -157,6 +158,6 @@ def test_another_process_queries_while_the_collector_runs(collector):
 def test_restarts_never_overwrite_earlier_data(tmp_path):
     """An empty log restarts its sequence; the Parquet files of earlier runs must survive that."""
     for run in range(3):
-        with Collector(tmp_path / "data", http_port=free_port(), flush_interval_s=3600) as collector:
+        with local_collector(tmp_path / "data") as collector:
             assert post(collector.http_endpoint + "/v1/traces", request_bytes(_llm_spans(1)))[0] == 200
         assert connect(tmp_path / "data").execute("SELECT count(*) FROM spans").fetchone()[0] == 2 * (run + 1)

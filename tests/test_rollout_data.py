@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
-from lightning_otel.collector import Collector, connect
+from lightning_otel.collector import connect
 from lightning_otel.instrument import schema
 from lightning_otel.servers import free_port
 from lightning_otel.trainer import build_batch, select_rollouts
@@ -43,7 +44,7 @@ def store(tmp_path):
         _rollout(tracer, "no-tokens", "t", 1.0, [("g1", None, None)])
         _rollout(tracer, "misaligned", "t", 0.5, [("h1", [1], [2, 3], [-1.0]), ("h2", [5], [6])])
 
-    with Collector(tmp_path / "data", http_port=free_port(), flush_interval_s=3600) as collector:
+    with local_collector(tmp_path / "data") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
         collector.flush()
         yield connect(collector.data_dir)

@@ -1,0 +1,162 @@
+"""Collector ingest benchmark: OTLP/protobuf bodies built before timing, posted by sender processes.
+
+    python bench/collector_ingest.py --payload a --requests 60 --senders 4
+    python bench/collector_ingest.py --payload b --requests 60 --senders 4
+    python bench/collector_ingest.py --payload b --target http://127.0.0.1:6006/v1/traces   # another receiver
+
+Reports acknowledged spans/s and MB/s, p50/p99 ack latency, seconds from the last ack until every
+span is queryable, spans/s sustained into Parquet (first send -> all queryable), and the peak RSS of
+the collector with its worker processes. Payloads are defined in payloads.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from payloads import build_request  # noqa: E402
+
+from lightning_otel.collector.spans_table import decode_request  # noqa: E402
+
+PAYLOADS = {"a": (1000, False), "b": (200, True)}
+
+
+def variants(base: bytes, count: int, seed: int) -> list[bytes]:
+    """`count` copies of a request with fresh trace/span ids (distinct spans, same shape)."""
+    rng = random.Random(seed)
+    request = decode_request(base)
+    out = []
+    for _ in range(count):
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                for span in scope.spans:
+                    span.trace_id = rng.randbytes(16)
+                    span.span_id = rng.randbytes(8)
+        out.append(request.SerializeToString())
+    return out
+
+
+def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:  # noqa: ANN001 - mp queue
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    records = []
+    for body in bodies:
+        begin = time.perf_counter()
+        while True:
+            connection.request("POST", parts.path, body=body, headers={"Content-Type": "application/x-protobuf"})
+            reply = connection.getresponse()
+            reply.read()
+            if reply.status in (429, 503):  # honour backpressure like the official exporters
+                time.sleep(float(reply.getheader("Retry-After", "1")))
+                continue
+            break
+        records.append((begin, time.perf_counter(), reply.status, time.time()))
+    connection.close()
+    results.put(records)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """VmHWM of the process and its live descendants, summed."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return total / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--payload", choices=PAYLOADS, default="a")
+    parser.add_argument("--requests", type=int, default=60)
+    parser.add_argument("--senders", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=1, help="collector Parquet conversion processes")
+    parser.add_argument("--target", help="post to this URL instead of starting our collector")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    spans_per_request, training = PAYLOADS[args.payload]
+    base = build_request(spans_per_request, training)
+    bodies = variants(base, args.requests, seed=1)
+    total_spans = spans_per_request * len(bodies)
+    total_bytes = sum(len(b) for b in bodies)
+    print(f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
+          f"{total_bytes / len(bodies) / 1e6:.1f} MB per request", flush=True)  # fmt: skip
+
+    collector = None
+    workdir = tempfile.mkdtemp(prefix="lightning-bench-")
+    if args.target:
+        url = args.target
+    else:
+        from lightning_otel.servers import CollectorProcess
+
+        collector = CollectorProcess(Path(workdir) / "data", flush_interval_s=1.0, log_path=Path(workdir) / "collector.log",
+                                     extra_args=["--workers", str(args.workers)]).start()  # fmt: skip
+        url = collector.url + "/v1/traces"
+    try:
+        context = multiprocessing.get_context("fork")  # senders inherit the prebuilt bodies
+        results = context.Queue()
+        start_at = time.time() + 1.0
+        shares = [bodies[i :: args.senders] for i in range(args.senders)]
+        processes = [context.Process(target=sender, args=(url, share, start_at, results)) for share in shares]
+        for process in processes:
+            process.start()
+        records = [r for _ in processes for r in results.get()]
+        for process in processes:
+            process.join()
+        first = min(r[0] for r in records)
+        last = max(r[1] for r in records)
+        last_wall = max(r[3] for r in records)
+        failures = sum(1 for r in records if r[2] != 200)
+        latencies = sorted((r[1] - r[0]) * 1000 for r in records)
+        send_s = last - first
+        out = {
+            "payload": args.payload, "requests": len(bodies), "spans": total_spans, "senders": args.senders,
+            "workers": args.workers, "non_200": failures,
+            "ack_spans_per_s": total_spans / send_s, "ack_mb_per_s": total_bytes / send_s / 1e6,
+            "ack_p50_ms": statistics.median(latencies), "ack_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+        }  # fmt: skip
+        if collector is not None:
+            from lightning_otel.collector import connect
+
+            while True:
+                count = connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0]
+                if count >= total_spans:
+                    break
+                time.sleep(0.2)
+            queryable = time.time()
+            out["seconds_until_queryable_after_last_ack"] = queryable - last_wall
+            out["parquet_spans_per_s"] = total_spans / (queryable - (start_at))
+            out["collector_peak_rss_mib"] = peak_rss_mib(collector.process.pid)
+        for key, value in out.items():
+            print(f"  {key}: {value:,.1f}" if isinstance(value, float) else f"  {key}: {value}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=2))
+    finally:
+        if collector is not None:
+            collector.stop()
+        os.system(f"rm -rf {workdir}")  # noqa: S605 - our own temp dir
+
+
+if __name__ == "__main__":
+    main()
