@@ -92,11 +92,16 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=4)
     parser.add_argument("--workers", type=int, default=1, help="collector Parquet conversion processes")
     parser.add_argument("--target", help="post to this URL instead of starting our collector")
+    parser.add_argument("--plain-arrays", action="store_true", help="(b) with OTLP int/double arrays, not packed")
+    parser.add_argument("--token-encoding", choices=("bytes", "base64"), default="bytes", help="(b) packed as")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
     spans_per_request, training = PAYLOADS[args.payload]
-    base = build_request(spans_per_request, training)
+    from lightning_otel.instrument.token_encoding import set_encoding
+
+    set_encoding(args.token_encoding)
+    base = build_request(spans_per_request, training, plain_arrays=args.plain_arrays)
     bodies = variants(base, args.requests, seed=1)
     total_spans = spans_per_request * len(bodies)
     total_bytes = sum(len(b) for b in bodies)
@@ -132,7 +137,7 @@ def main() -> None:
         send_s = last - first
         out = {
             "payload": args.payload, "requests": len(bodies), "spans": total_spans, "senders": args.senders,
-            "workers": args.workers, "non_200": failures,
+            "workers": args.workers, "plain_arrays": args.plain_arrays, "token_encoding": args.token_encoding, "non_200": failures,
             "ack_spans_per_s": total_spans / send_s, "ack_mb_per_s": total_bytes / send_s / 1e6,
             "ack_p50_ms": statistics.median(latencies), "ack_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
         }  # fmt: skip

@@ -2,7 +2,8 @@
 
 (a) observability spans: ~20 attributes per LLM span, ~4 KB of prompt text, 1,000 spans per request.
 (b) training spans: (a) plus 4,096 prompt token ids, 512 completion token ids and 512 logprobs,
-    200 spans per request, encoded as `instrument()` encodes them.
+    200 spans per request, encoded as `instrument()` encodes them by default (packed bytes), or
+    as plain OTLP int/double arrays (`plain_arrays=True`, what other instrumentation would send).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import random
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
@@ -40,7 +41,15 @@ def _kv(key: str, value) -> KeyValue:
     return KeyValue(key=key, value=AnyValue(string_value=value))
 
 
-def llm_attributes(rng: random.Random, index: int, training: bool) -> list[KeyValue]:
+def _array_kv(key: str, values: list) -> KeyValue:
+    if values and isinstance(values[0], float):
+        items = [AnyValue(double_value=v) for v in values]
+    else:
+        items = [AnyValue(int_value=v) for v in values]
+    return KeyValue(key=key, value=AnyValue(array_value=ArrayValue(values=items)))
+
+
+def llm_attributes(rng: random.Random, index: int, training: bool, plain_arrays: bool = False) -> list[KeyValue]:
     prompt = _text(rng, 4000)
     answer = _text(rng, 300)
     attributes = [
@@ -66,15 +75,22 @@ def llm_attributes(rng: random.Random, index: int, training: bool) -> list[KeyVa
         _kv(schema.POLICY_VERSION, "3"),
     ]
     if training:
-        attributes += [
-            _kv(schema.PACKED_PROMPT_TOKEN_IDS, pack_ints([rng.randrange(150_000) for _ in range(4096)])),
-            _kv(schema.PACKED_COMPLETION_TOKEN_IDS, pack_ints([rng.randrange(150_000) for _ in range(512)])),
-            _kv(schema.PACKED_COMPLETION_LOGPROBS, pack_floats([-rng.random() * 5 for _ in range(512)])),
-        ]
+        prompt = [rng.randrange(150_000) for _ in range(4096)]
+        completion = [rng.randrange(150_000) for _ in range(512)]
+        logprobs = [-rng.random() * 5 for _ in range(512)]
+        if plain_arrays:
+            attributes += [_array_kv(schema.PROMPT_TOKEN_IDS, prompt), _array_kv(schema.COMPLETION_TOKEN_IDS, completion),
+                           _array_kv(schema.COMPLETION_LOGPROBS, logprobs)]  # fmt: skip
+        else:
+            attributes += [
+                _kv(schema.PACKED_PROMPT_TOKEN_IDS, pack_ints(prompt)),
+                _kv(schema.PACKED_COMPLETION_TOKEN_IDS, pack_ints(completion)),
+                _kv(schema.PACKED_COMPLETION_LOGPROBS, pack_floats(logprobs)),
+            ]
     return attributes
 
 
-def build_request(spans: int, training: bool, seed: int = 0, service: str = "bench-agent") -> bytes:
+def build_request(spans: int, training: bool, seed: int = 0, service: str = "bench-agent", plain_arrays: bool = False) -> bytes:
     rng = random.Random(seed)
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()
@@ -92,7 +108,7 @@ def build_request(spans: int, training: bool, seed: int = 0, service: str = "ben
         span.start_time_unix_nano = start + index * 1_000_000
         span.end_time_unix_nano = start + index * 1_000_000 + 250_000_000
         span.status.code = 1
-        span.attributes.extend(llm_attributes(rng, index, training))
+        span.attributes.extend(llm_attributes(rng, index, training, plain_arrays))
     return request.SerializeToString()
 
 

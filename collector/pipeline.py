@@ -44,6 +44,11 @@ def convert_segment(store_uri: str, wal_path: str, segment: str) -> int:
     return rows
 
 
+def _warm_up(seconds: float) -> None:
+    """Runs in each new worker: the imports above are done; hold the worker so the pool spawns all."""
+    time.sleep(seconds)
+
+
 def dedupe(table: pa.Table) -> pa.Table:
     """Keep the first row of each (trace_id, span_id)."""
     keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "")
@@ -213,6 +218,11 @@ class Pipeline:
                 log.exception("pipeline round failed")
 
     def start(self) -> "Pipeline":
+        if isinstance(self.executor, ProcessPoolExecutor):
+            # Workers spawn lazily and take seconds to import pyarrow: start them all now, not
+            # when the first burst of exports is already waiting.
+            for _ in range(self.executor._max_workers):
+                self.executor.submit(_warm_up, 0.5)
         self.flush()  # replay what a previous run left in the log
         self._thread.start()
         return self

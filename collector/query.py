@@ -32,13 +32,19 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+# Duplicates are identical copies of one span (a retried export, compaction overlap), so adding
+# columns to the dedup window's PARTITION BY changes nothing, except that DuckDB can then push
+# filters on those columns below the window: a lookup by rollout id reads one rollout, not all.
+_DEDUP_KEY = "trace_id, span_id, rollout_id, task_id, span_kind, service_name, start_time, name, policy_version"
+
+
 def view_statements(source: str) -> list[str]:
     llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
     primary = _literal(schema.DEFAULT_REWARD_NAME)
     return [
         f"""CREATE OR REPLACE VIEW spans AS
             SELECT * FROM {source}
-            QUALIFY row_number() OVER (PARTITION BY trace_id, span_id ORDER BY end_time DESC) = 1""",
+            QUALIFY row_number() OVER (PARTITION BY {_DEDUP_KEY} ORDER BY end_time DESC) = 1""",
         f"""CREATE OR REPLACE VIEW llm_calls AS
             SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, attempt, service_name, name,
                    start_time, end_time, duration_ms, status_code, status_message, model_name,
@@ -91,7 +97,8 @@ def _register_filesystem(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
     import fsspec
 
     protocol = store.uri.split("://", 1)[0]
-    options = {}
+    # Views re-list files at every query; a cached listing would miss new files or name deleted ones.
+    options: dict = {"skip_instance_cache": True, "use_listings_cache": False}
     if protocol in ("s3", "s3a") and os.environ.get("AWS_ENDPOINT_URL"):
         options["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
     conn.register_filesystem(fsspec.filesystem(protocol, **options))

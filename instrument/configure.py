@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.integrations import ALL as INTEGRATIONS
 from lightning_otel.instrument.rollouts import RolloutAttributesProcessor
+from lightning_otel.instrument.token_encoding import set_encoding
 
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
@@ -59,6 +60,7 @@ def instrument(
     endpoint: str | None = None,
     service_name: str | None = None,
     capture_tokens: str = "auto",
+    token_encoding: str = "auto",
 ) -> Instrumentation:
     """Configure tracing for this process and turn on the installed integrations.
 
@@ -67,6 +69,9 @@ def instrument(
     service_name: resource `service.name`; default OTEL_SERVICE_NAME, else 'lightning-agent'.
     capture_tokens: 'auto' asks servers that identify as vLLM for token ids and logprobs,
       'always' asks every server, 'off' never asks.
+    token_encoding: how token ids and logprobs travel (docs/span-schema.md): 'auto' (raw bytes
+      when the SDK supports them, else base64), 'bytes', or 'base64' (for backends that cannot
+      store bytes attributes, such as Arize Phoenix).
     """
     global _state
     if capture_tokens not in _CAPTURE_MODES:
@@ -74,6 +79,7 @@ def instrument(
     with _lock:
         if _state is not None:
             return _state
+        set_encoding(token_encoding)
         url = _endpoint(endpoint)
         current = trace.get_tracer_provider()
         if isinstance(current, TracerProvider):

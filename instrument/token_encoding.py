@@ -1,10 +1,14 @@
 """Packed encoding of token ids and logprobs as span attributes.
 
 A 4,096-token prompt as an OTLP int array is 4,096 AnyValue messages: the collector would have to
-touch each in Python. Packed, it is one bytes value (little-endian int32 ids, float64 logprobs)
-that the collector turns into a list column with no per-token Python work. OpenTelemetry SDKs
-that cannot carry bytes attributes (before opentelemetry-api 1.4x passed bytes through) send the
-same bytes as a base64 string; the collector accepts both. Standard library only (agent side).
+touch each in Python. Packed, it is one value (little-endian int32 ids, float64 logprobs) that the
+collector turns into a list column with no per-token Python work.
+
+The value is raw bytes when the OpenTelemetry SDK passes bytes attributes through (opentelemetry-python
+1.4x does; earlier ones turned bytes into text), else base64 text. The collector accepts both, but bytes
+cost it nothing to decode while base64 costs about 60 us per 5,000-token span (BENCHMARKS.md).
+Some backends cannot store bytes attributes (Arize Phoenix drops such spans): if the same spans also go
+there, `instrument(token_encoding="base64")`. Standard library only (agent side).
 """
 
 from __future__ import annotations
@@ -27,6 +31,18 @@ def _bytes_attributes_supported() -> bool:
 
 
 BYTES_SUPPORTED = _bytes_attributes_supported()
+ENCODINGS = ("auto", "bytes", "base64")
+_encoding = "bytes" if BYTES_SUPPORTED else "base64"
+
+
+def set_encoding(encoding: str) -> None:
+    """'auto' (bytes where the SDK supports them), 'bytes', or 'base64' (stored by every backend)."""
+    global _encoding
+    if encoding not in ENCODINGS:
+        raise ValueError(f"token encoding must be one of {ENCODINGS}, got {encoding!r}")
+    if encoding == "bytes" and not BYTES_SUPPORTED:
+        raise ValueError("this OpenTelemetry SDK turns bytes attributes into text; use 'base64'")
+    _encoding = encoding if encoding != "auto" else ("bytes" if BYTES_SUPPORTED else "base64")
 
 
 def _pack(typecode: str, values: Sequence) -> bytes:
@@ -45,7 +61,7 @@ def _unpack(typecode: str, data: bytes | str) -> list:
 
 
 def _attribute(data: bytes) -> bytes | str:
-    return data if BYTES_SUPPORTED else base64.b64encode(data).decode("ascii")
+    return data if _encoding == "bytes" else base64.b64encode(data).decode("ascii")
 
 
 def pack_ints(values: Sequence[int]) -> bytes | str:

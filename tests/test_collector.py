@@ -161,3 +161,30 @@ def test_restarts_never_overwrite_earlier_data(tmp_path):
         with local_collector(tmp_path / "data") as collector:
             assert post(collector.http_endpoint + "/v1/traces", request_bytes(_llm_spans(1)))[0] == 200
         assert connect(tmp_path / "data").execute("SELECT count(*) FROM spans").fetchone()[0] == 2 * (run + 1)
+
+
+def test_token_arrays_in_every_encoding_become_the_same_list_columns(collector):
+    import base64
+
+    from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
+
+    ids, logprobs = [5, 0, 2**31 - 1, 7], [-0.25, -1e-9, -30.5, 0.0]
+    packed_ids, packed_lps = pack_ints(ids), pack_floats(logprobs)
+    assert isinstance(packed_ids, bytes)
+    encodings = {
+        "plain": {schema.PROMPT_TOKEN_IDS: ids, schema.COMPLETION_LOGPROBS: logprobs},
+        "bytes": {schema.PACKED_PROMPT_TOKEN_IDS: packed_ids, schema.PACKED_COMPLETION_LOGPROBS: packed_lps},
+        "base64": {schema.PACKED_PROMPT_TOKEN_IDS: base64.b64encode(packed_ids).decode(),
+                   schema.PACKED_COMPLETION_LOGPROBS: base64.b64encode(packed_lps).decode()},
+        # broken packed values: wrong length, not base64; the span is kept, the value stays in the map
+        "broken": {schema.PACKED_PROMPT_TOKEN_IDS: b"\x01\x02\x03", schema.PACKED_COMPLETION_LOGPROBS: "%%%"},
+    }  # fmt: skip
+    spans = make_spans(lambda t: [t.start_span(name, attributes=attrs).end() for name, attrs in encodings.items()])
+    assert post(collector.http_endpoint + "/v1/traces", request_bytes(spans))[0] == 200
+    collector.flush()
+    rows = dict((r[0], r[1:]) for r in connect(collector.data_dir).execute(
+        f"SELECT name, prompt_token_ids, completion_logprobs, attributes['{schema.PACKED_PROMPT_TOKEN_IDS}'] FROM spans"
+    ).fetchall())  # fmt: skip
+    for name in ("plain", "bytes", "base64"):
+        assert rows[name] == (ids, logprobs, None), name
+    assert rows["broken"] == (None, None, "010203")
