@@ -110,5 +110,7 @@ def test_oversize_and_bombs_then_the_earlier_data_is_intact(collector):
     rows = connect(collector.data_dir).execute(
         f"SELECT trace_id, span_id, name FROM spans WHERE (trace_id, span_id) IN ({keys}) ORDER BY 1, 2"
     ).fetchall()
-    assert rows == expected  # the fuzzing (which may add valid mutants) changed none of them
+    # Every original row is still there, unchanged. Valid mutants that reuse an id with other
+    # content (a sender bug) are stored too and are not merged with the original.
+    assert set(expected) <= set(rows)
     assert post(url, VALID)[0] == 200  # still serving
