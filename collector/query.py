@@ -7,7 +7,8 @@ each query, so new data shows up without reconnecting.
 
 Views (docs/sql.md has columns and examples):
   spans      one row per (trace_id, span_id): retried exports and compaction overlap never show twice
-  llm_calls  LLM spans with token ids, logprobs and policy version
+  llm_spans  every LLM span, with `is_wrapper` (a framework's span around the SDK call)
+  llm_calls  one row per model call: LLM spans that are not wrappers, with token ids and logprobs
   tool_calls TOOL spans
   rewards    one row per reward report
   rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
@@ -45,12 +46,25 @@ def view_statements(source: str) -> list[str]:
         f"""CREATE OR REPLACE VIEW spans AS
             SELECT * FROM {source}
             QUALIFY row_number() OVER (PARTITION BY {_DEDUP_KEY} ORDER BY end_time DESC) = 1""",
-        f"""CREATE OR REPLACE VIEW llm_calls AS
+        # A framework's LLM span (LangChain's ChatOpenAI, LiteLLM's completion) around the SDK call
+        # that carries the token ids is a wrapper: same trace, its time window contains a
+        # token-bearing LLM span, and it has no ids itself. Frameworks do not always nest the SDK
+        # span under theirs (LangChain does not), so time containment decides, not parentage.
+        f"""CREATE OR REPLACE VIEW llm_spans AS
+            SELECT s.*,
+                   s.completion_token_ids IS NULL AND EXISTS (
+                       SELECT 1 FROM spans inner_call
+                       WHERE inner_call.trace_id = s.trace_id AND inner_call.span_kind = {llm}
+                         AND inner_call.completion_token_ids IS NOT NULL AND inner_call.span_id <> s.span_id
+                         AND inner_call.start_time >= s.start_time AND inner_call.end_time <= s.end_time
+                   ) AS is_wrapper
+            FROM spans s WHERE s.span_kind = {llm}""",
+        """CREATE OR REPLACE VIEW llm_calls AS
             SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, attempt, service_name, name,
                    start_time, end_time, duration_ms, status_code, status_message, model_name,
                    policy_version, finish_reason, token_count_prompt, token_count_completion,
                    prompt_token_ids, completion_token_ids, completion_logprobs
-            FROM spans WHERE span_kind = {llm}""",
+            FROM llm_spans WHERE NOT is_wrapper""",
         f"""CREATE OR REPLACE VIEW tool_calls AS
             SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, tool_name, name,
                    start_time, end_time, duration_ms, status_code, status_message,
@@ -70,13 +84,14 @@ def view_statements(source: str) -> list[str]:
                        min(trace_id) FILTER (WHERE is_rollout_root) AS trace_id,
                        min(start_time) FILTER (WHERE reward_name IS NULL) AS start_time,
                        max(end_time) FILTER (WHERE reward_name IS NULL) AS end_time,
-                       count(*) FILTER (WHERE span_kind = {llm}) AS llm_calls,
                        count(*) FILTER (WHERE span_kind = {tool}) AS tool_calls,
                        list(DISTINCT policy_version ORDER BY policy_version)
                            FILTER (WHERE policy_version IS NOT NULL) AS policy_versions,
                        coalesce(bool_or(is_rollout_root AND status_code = 'ERROR'), false) AS failed
                 FROM spans WHERE rollout_id IS NOT NULL
                 GROUP BY rollout_id),
+            calls AS (
+                SELECT rollout_id, count(*) AS llm_calls FROM llm_calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id),
             latest AS (
                 SELECT rollout_id, name, arg_max(value, time) AS value
                 FROM rewards GROUP BY rollout_id, name),
@@ -87,8 +102,8 @@ def view_statements(source: str) -> list[str]:
                 FROM latest GROUP BY rollout_id)
             SELECT m.rollout_id, m.task_id, m.attempt, m.service_name, m.trace_id, m.start_time, m.end_time,
                    date_diff('microsecond', m.start_time, m.end_time) / 1000.0 AS duration_ms,
-                   m.llm_calls, m.tool_calls, r.reward, r.rewards, m.policy_versions, m.failed
-            FROM members m LEFT JOIN per_rollout r USING (rollout_id)""",
+                   coalesce(c.llm_calls, 0) AS llm_calls, m.tool_calls, r.reward, r.rewards, m.policy_versions, m.failed
+            FROM members m LEFT JOIN per_rollout r USING (rollout_id) LEFT JOIN calls c USING (rollout_id)""",
     ]
 
 

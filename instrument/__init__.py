@@ -9,9 +9,9 @@ import sys
 import types
 
 from lightning_otel.instrument.configure import Instrumentation, instrument
-from lightning_otel.instrument.rollouts import Rollout, current_rollout, reward, rollout, tool
+from lightning_otel.instrument.rollouts import Rollout, agent, current_rollout, reward, rollout, tool
 
-__all__ = ["Instrumentation", "Rollout", "current_rollout", "instrument", "reward", "rollout", "tool"]
+__all__ = ["Instrumentation", "Rollout", "agent", "current_rollout", "instrument", "reward", "rollout", "tool"]
 
 
 class _CallablePackage(types.ModuleType):

@@ -4,30 +4,62 @@ It configures an OpenTelemetry TracerProvider exporting OTLP/HTTP to the collect
 http://127.0.0.1:4318, or whatever the standard OTEL_EXPORTER_OTLP_* variables say), stamps
 rollout identity on spans, and turns on every supported integration that is installed.
 Idempotent: a second call returns the first call's result and adds nothing.
+
+The agent is never blocked by the collector: spans leave through a bounded queue on a
+background thread; when the queue is full they are dropped and counted (`dropped_spans`), and
+batches the collector refuses or never receives are counted too (`failed_spans`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 
+import wrapt
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
+from lightning_otel.instrument import options as options_module
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.integrations import ALL as INTEGRATIONS
-from lightning_otel.instrument.rollouts import RolloutAttributesProcessor
+from lightning_otel.instrument.options import CAPTURE_MODES, Options
+from lightning_otel.instrument.rollouts import LightningSpanProcessor
+from lightning_otel.instrument.token_encoding import current as token_encoding_in_use
 from lightning_otel.instrument.token_encoding import set_encoding
 
 log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 DEFAULT_SERVICE_NAME = "lightning-agent"
-_CAPTURE_MODES = ("auto", "always", "off")
+DEFAULT_EXPORT_TIMEOUT_S = 5.0  # bounds how long interpreter exit waits for a collector that is down
+
+
+class _CountingExporter(OTLPSpanExporter):
+    failed = 0
+
+    def export(self, spans):  # noqa: ANN001, ANN201
+        result = super().export(spans)
+        if result != SpanExportResult.SUCCESS:
+            self.failed += len(spans)
+        return result
+
+
+class _CountingBatchSpanProcessor(BatchSpanProcessor):
+    """BatchSpanProcessor that counts the spans it drops because its queue is full."""
+
+    dropped = 0
+
+    def on_end(self, span) -> None:  # noqa: ANN001
+        batch = getattr(self, "_batch_processor", None)
+        queue, limit = getattr(batch, "_queue", None), getattr(batch, "_max_queue_size", None)
+        if queue is not None and limit is not None and len(queue) >= limit:
+            self.dropped += 1
+        super().on_end(span)
 
 
 @dataclass
@@ -37,9 +69,22 @@ class Instrumentation:
     tracer_provider: TracerProvider
     endpoint: str
     integrations: list[str] = field(default_factory=list)
+    options: Options = field(default_factory=Options)
+    _processor: _CountingBatchSpanProcessor | None = None
+    _exporter: _CountingExporter | None = None
 
     def flush(self, timeout_millis: int = 30_000) -> bool:
         return self.tracer_provider.force_flush(timeout_millis)
+
+    @property
+    def dropped_spans(self) -> int:
+        """Spans dropped because the export queue was full (the collector could not keep up)."""
+        return self._processor.dropped if self._processor else 0
+
+    @property
+    def failed_spans(self) -> int:
+        """Spans in batches the collector did not accept (down, or refused them)."""
+        return self._exporter.failed if self._exporter else 0
 
 
 _state: Instrumentation | None = None
@@ -56,11 +101,21 @@ def _endpoint(explicit: str | None) -> str:
     return DEFAULT_ENDPOINT
 
 
+def _timeout() -> float:
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"):
+        if os.environ.get(name):
+            return float(os.environ[name])
+    return DEFAULT_EXPORT_TIMEOUT_S
+
+
 def instrument(
     endpoint: str | None = None,
     service_name: str | None = None,
     capture_tokens: str = "auto",
     token_encoding: str = "auto",
+    hide_inputs: bool = False,
+    hide_outputs: bool = False,
+    max_attribute_length: int | None = None,
 ) -> Instrumentation:
     """Configure tracing for this process and turn on the installed integrations.
 
@@ -72,30 +127,54 @@ def instrument(
     token_encoding: how token ids and logprobs travel (docs/span-schema.md): 'auto' (raw bytes
       when the SDK supports them, else base64), 'bytes', or 'base64' (for backends that cannot
       store bytes attributes, such as Arize Phoenix).
+    hide_inputs / hide_outputs: redact prompt and completion text (OpenInference's masking) and
+      tool arguments / results; token ids and logprobs are kept, training needs them.
+    max_attribute_length: cut string attribute values to this many characters (not with base64
+      token encoding, whose text must stay whole).
     """
     global _state
-    if capture_tokens not in _CAPTURE_MODES:
-        raise ValueError(f"capture_tokens must be one of {_CAPTURE_MODES}, got {capture_tokens!r}")
+    if capture_tokens not in CAPTURE_MODES:
+        raise ValueError(f"capture_tokens must be one of {CAPTURE_MODES}, got {capture_tokens!r}")
     with _lock:
         if _state is not None:
             return _state
         set_encoding(token_encoding)
+        if max_attribute_length is not None and token_encoding_in_use() == "base64":
+            raise ValueError("max_attribute_length would cut base64-packed token ids; use token_encoding='bytes'")
+        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs)
+        options_module.current = chosen
         url = _endpoint(endpoint)
         current = trace.get_tracer_provider()
         if isinstance(current, TracerProvider):
             provider = current  # someone configured the SDK already: add to it, don't replace it
         else:
             name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
-            provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: name}))
+            limits = SpanLimits(max_attribute_length=max_attribute_length) if max_attribute_length else None
+            provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: name}), span_limits=limits)
             trace.set_tracer_provider(provider)
-        provider.add_span_processor(RolloutAttributesProcessor())
-        # BatchSpanProcessor never blocks the agent; the provider flushes it at interpreter exit.
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
-        enabled = []
-        for integration in INTEGRATIONS:
-            if integration.available():
-                integration.enable(provider, capture_tokens)
-                enabled.append(integration.NAME)
+        provider.add_span_processor(LightningSpanProcessor())
+        exporter = _CountingExporter(endpoint=url, timeout=_timeout())
+        processor = _CountingBatchSpanProcessor(exporter)  # never blocks the agent; flushed at exit
+        provider.add_span_processor(processor)
+        enabled = [integration.NAME for integration in INTEGRATIONS if _arm(integration, provider, chosen)]
         log.info("lightning_otel: exporting to %s; integrations: %s", url, ", ".join(enabled) or "none")
-        _state = Instrumentation(tracer_provider=provider, endpoint=url, integrations=enabled)
+        _state = Instrumentation(provider, url, enabled, chosen, processor, exporter)
         return _state
+
+
+def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:  # noqa: ANN001 - an integration module
+    """Turn the integration on now, or when its library is first imported. False if not installed."""
+    if not integration.available():
+        return False
+
+    def turn_on(_module=None) -> None:  # noqa: ANN001
+        try:
+            integration.enable(provider, chosen)
+        except Exception:  # noqa: BLE001 - one broken integration must not stop the agent
+            log.exception("lightning_otel: could not turn on the %s integration", integration.NAME)
+
+    if integration.TRIGGER is None or integration.TRIGGER in sys.modules:
+        turn_on()
+    else:
+        wrapt.register_post_import_hook(turn_on, integration.TRIGGER)
+    return True

@@ -1,7 +1,7 @@
-"""Rollouts, rewards and tool steps: the agent-facing marks training needs.
+"""Rollouts, rewards, tool steps and sub-agents: the agent-facing marks training needs.
 
 A rollout is one run of the agent on one task. `rollout(task_id=...)` opens its root span and
-puts its identity in the OpenTelemetry context; `RolloutAttributesProcessor` copies that identity
+puts its identity in the OpenTelemetry context; `LightningSpanProcessor` copies that identity
 onto every span started inside (LLM calls, tools, sub-agents), so the collector can group spans
 by rollout with a plain column filter. Rewards are EVALUATOR spans of their own, which is what
 lets a reward arrive after its rollout ended (the rollout span is immutable once exported).
@@ -22,7 +22,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
-from lightning_otel.instrument import schema
+from lightning_otel.instrument import options, schema
 
 _TRACER_NAME = "lightning_otel"
 _ROLLOUT_KEY = context_api.create_key("lightning_otel.rollout")
@@ -53,7 +53,7 @@ def _tracer() -> trace.Tracer:
     return trace.get_tracer(_TRACER_NAME)
 
 
-class RolloutAttributesProcessor(SpanProcessor):
+class LightningSpanProcessor(SpanProcessor):
     """Stamps the rollout identity on every span started inside a rollout."""
 
     def on_start(self, span, parent_context=None) -> None:  # noqa: ANN001 - SDK signature
@@ -125,7 +125,17 @@ def reward(
     _tracer().start_span(schema.SPAN_REWARD, context=parent, attributes=attributes).end()
 
 
-def _preview(value: Any) -> str:
+@contextmanager
+def agent(name: str, attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
+    """A sub-agent step: an AGENT span; LLM calls and tools inside nest under it."""
+    span_attributes = {schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT, schema.AGENT_NAME: name, **(attributes or {})}
+    with _tracer().start_as_current_span(name, attributes=span_attributes) as span:
+        yield span
+
+
+def _preview(value: Any, hidden: bool) -> str:
+    if hidden:
+        return options.REDACTED
     try:
         text = value if isinstance(value, str) else json.dumps(value, default=repr)
     except (TypeError, ValueError):
@@ -146,7 +156,7 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
             attributes = {
                 schema.OPENINFERENCE_SPAN_KIND: schema.KIND_TOOL,
                 schema.TOOL_NAME: tool_name,
-                schema.INPUT_VALUE: _preview(dict(bound.arguments)),
+                schema.INPUT_VALUE: _preview(dict(bound.arguments), options.current.hide_inputs),
             }
             return _tracer().start_as_current_span(tool_name, attributes=attributes)
 
@@ -156,7 +166,7 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
             async def async_wrapper(*args, **kwargs):
                 with start(args, kwargs) as span:
                     result = await fn(*args, **kwargs)
-                    span.set_attribute(schema.OUTPUT_VALUE, _preview(result))
+                    span.set_attribute(schema.OUTPUT_VALUE, _preview(result, options.current.hide_outputs))
                     return result
 
             return async_wrapper
@@ -165,7 +175,7 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
         def wrapper(*args, **kwargs):
             with start(args, kwargs) as span:
                 result = fn(*args, **kwargs)
-                span.set_attribute(schema.OUTPUT_VALUE, _preview(result))
+                span.set_attribute(schema.OUTPUT_VALUE, _preview(result, options.current.hide_outputs))
                 return result
 
         return wrapper

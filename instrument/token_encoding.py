@@ -45,6 +45,11 @@ def set_encoding(encoding: str) -> None:
     _encoding = encoding if encoding != "auto" else ("bytes" if BYTES_SUPPORTED else "base64")
 
 
+def current() -> str:
+    """The encoding in use: 'bytes' or 'base64'."""
+    return _encoding
+
+
 def _pack(typecode: str, values: Sequence) -> bytes:
     packed = array(typecode, values)
     if _BIG_ENDIAN:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -58,24 +59,8 @@ def _get(obj: Any, key: str) -> Any:
     return value
 
 
-def token_attributes(kind: str, response: Any) -> dict[str, Any]:
-    """The schema's token attributes (packed) from a (non-streaming) vLLM response, dict or SDK
-    object. Logprobs are recorded only when they align one to one with the completion ids."""
-    choices = _get(response, "choices") or []
-    if not choices:
-        return {}
-    choice = choices[0]
-    if kind == CHAT:
-        prompt_ids = _get(response, "prompt_token_ids")
-        logprobs_obj = _get(choice, "logprobs")
-        content = _get(logprobs_obj, "content") if logprobs_obj is not None else None
-        logprobs = [float(_get(entry, "logprob")) for entry in content] if content else None
-    else:
-        prompt_ids = _get(choice, "prompt_token_ids")
-        logprobs_obj = _get(choice, "logprobs")
-        token_logprobs = _get(logprobs_obj, "token_logprobs") if logprobs_obj is not None else None
-        logprobs = [float(x) for x in token_logprobs] if token_logprobs else None
-    completion_ids = _get(choice, "token_ids")
+def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001
+    """The schema's token attributes, packed; logprobs only when they align one to one with the ids."""
     attributes: dict[str, Any] = {}
     if prompt_ids is not None:
         attributes[schema.PACKED_PROMPT_TOKEN_IDS] = pack_ints(prompt_ids)
@@ -85,11 +70,77 @@ def token_attributes(kind: str, response: Any) -> dict[str, Any]:
             attributes[schema.PACKED_COMPLETION_LOGPROBS] = pack_floats(logprobs)
         elif logprobs is not None:
             log.warning("vLLM returned %d logprobs for %d completion tokens; not recorded",
-                        len(logprobs), len(completion_ids))
-    finish_reason = _get(choice, "finish_reason")
+                        len(logprobs), len(completion_ids))  # fmt: skip
     if finish_reason is not None:
         attributes[schema.FINISH_REASON] = str(finish_reason)
     return attributes
+
+
+def _choice_logprobs(kind: str, choice: Any) -> list[float] | None:
+    logprobs_obj = _get(choice, "logprobs")
+    if logprobs_obj is None:
+        return None
+    if kind == CHAT:
+        content = _get(logprobs_obj, "content")
+        return [float(_get(entry, "logprob")) for entry in content] if content is not None else None
+    token_logprobs = _get(logprobs_obj, "token_logprobs")
+    return [float(x) for x in token_logprobs] if token_logprobs is not None else None
+
+
+def _first_choice(response: Any) -> Any:
+    for choice in _get(response, "choices") or []:
+        if (_get(choice, "index") or 0) == 0:
+            return choice
+    return None
+
+
+def token_attributes(kind: str, response: Any) -> dict[str, Any]:
+    """Token attributes from a non-streaming vLLM response (a dict or an SDK object), choice 0."""
+    choice = _first_choice(response)
+    if choice is None:
+        return {}
+    prompt_ids = _get(response, "prompt_token_ids") if kind == CHAT else _get(choice, "prompt_token_ids")
+    return _packed(prompt_ids, _get(choice, "token_ids"), _choice_logprobs(kind, choice), _get(choice, "finish_reason"))
+
+
+class StreamAccumulator:
+    """Assembles token ids and logprobs from a vLLM stream, chunk by chunk, in order (choice 0).
+    vLLM sends prompt ids once (top level for chat, in the choice for completions) and each
+    chunk's new completion ids and their logprobs."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.logprobs_complete = True
+        self.seen_ids = False
+        self.finish_reason: str | None = None
+
+    def add(self, chunk: Any) -> None:
+        if self.kind == CHAT and self.prompt_ids is None:
+            self.prompt_ids = _get(chunk, "prompt_token_ids")
+        choice = _first_choice(chunk)
+        if choice is None:
+            return
+        if self.kind == COMPLETIONS and self.prompt_ids is None:
+            self.prompt_ids = _get(choice, "prompt_token_ids")
+        ids = _get(choice, "token_ids")
+        if ids:
+            self.seen_ids = True
+            self.completion_ids.extend(int(t) for t in ids)
+            logprobs = _choice_logprobs(self.kind, choice)
+            if logprobs is None or len(logprobs) != len(ids):
+                self.logprobs_complete = False
+            else:
+                self.logprobs.extend(logprobs)
+        finish = _get(choice, "finish_reason")
+        if finish is not None:
+            self.finish_reason = finish
+
+    def attributes(self) -> dict[str, Any]:
+        logprobs = self.logprobs if self.logprobs_complete else None
+        return _packed(self.prompt_ids, self.completion_ids if self.seen_ids else None, logprobs, self.finish_reason)
 
 
 @dataclass
@@ -100,11 +151,16 @@ class _ServerInfo:
 
 class VLLMEndpoints:
     """Caches, per base URL, whether the server is vLLM (its /v1/models says owned_by 'vllm')
-    and whether it exposes /weight_info (dev mode), and reads the current weight version."""
+    and its weight version. The version is refreshed by a background thread every
+    `version_poll_s`, so a call reads it from memory: a swap is seen within that interval."""
 
-    def __init__(self) -> None:
+    def __init__(self, version_poll_s: float = 0.2) -> None:
+        self.version_poll_s = version_poll_s
         self._info: dict[str, _ServerInfo] = {}
+        self._versions: dict[str, str] = {}
+        self._headers: dict[str, dict] = {}
         self._lock = threading.Lock()
+        self._poller: threading.Thread | None = None
 
     @staticmethod
     def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
@@ -128,30 +184,44 @@ class VLLMEndpoints:
         except (OSError, ValueError, AttributeError) as exc:
             log.debug("not treating %s as vLLM: %s", base, exc)
             is_vllm = False
-        has_weight_info = False
-        if is_vllm:
-            try:
-                self._fetch_json(self.server_root(base) + "/weight_info", headers)
-                has_weight_info = True
-            except (OSError, ValueError):
-                has_weight_info = False  # dev-mode routes off: no policy version recorded
-        info = _ServerInfo(is_vllm=is_vllm, has_weight_info=has_weight_info)
+        version = self._read_version(base, headers) if is_vllm else None
+        info = _ServerInfo(is_vllm=is_vllm, has_weight_info=version is not None)
         with self._lock:
             self._info[base] = info
+            if version is not None:
+                self._versions[base] = version
+                self._headers[base] = dict(headers)
+                self._start_poller()
         return info
 
-    def weight_version(self, base_url: str, headers: Mapping[str, str]) -> str | None:
-        """The weight version the server reports now (None if it does not say)."""
-        if not self.info(base_url, headers).has_weight_info:
-            return None
+    def _read_version(self, base: str, headers: Mapping[str, str]) -> str | None:
         try:
-            return str(self._fetch_json(self.server_root(base_url) + "/weight_info", headers)["weight_version"])
+            return str(self._fetch_json(self.server_root(base) + "/weight_info", headers)["weight_version"])
         except (OSError, ValueError, KeyError, TypeError):
-            return None
+            return None  # dev-mode routes off: no policy version recorded
+
+    def _start_poller(self) -> None:
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="lightning-otel-weight-version", daemon=True)
+            self._poller.start()
+
+    def _poll(self) -> None:
+        while True:
+            time.sleep(self.version_poll_s)
+            for base, headers in list(self._headers.items()):
+                version = self._read_version(base, headers)
+                if version is not None:
+                    self._versions[base] = version
+
+    def weight_version(self, base_url: str) -> str | None:
+        """The last weight version seen for this server (None if it does not say)."""
+        return self._versions.get(base_url.rstrip("/"))
 
     def forget(self) -> None:
         with self._lock:
             self._info.clear()
+            self._versions.clear()
+            self._headers.clear()
 
 
 ENDPOINTS = VLLMEndpoints()

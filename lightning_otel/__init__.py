@@ -8,7 +8,7 @@
 """
 
 from lightning_otel import instrument  # the agent-side package; calling it configures tracing
-from lightning_otel.instrument import Instrumentation, Rollout, current_rollout, reward, rollout, tool
+from lightning_otel.instrument import Instrumentation, Rollout, agent, current_rollout, reward, rollout, tool
 
 __version__ = "0.1.0"
-__all__ = ["Instrumentation", "Rollout", "current_rollout", "instrument", "reward", "rollout", "tool"]
+__all__ = ["Instrumentation", "Rollout", "agent", "current_rollout", "instrument", "reward", "rollout", "tool"]

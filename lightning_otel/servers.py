@@ -159,9 +159,14 @@ class VLLMServer(ManagedProcess):
         log_path: str | Path | None = None,
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 300.0,
+        tool_call_parser: str | None = "pythonic",
     ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s)
         self.model_dir = Path(model_dir)
+        # Tool calls need a parser in vLLM 0.32 (even a forced tool_choice). "pythonic" constrains a
+        # forced or required call to the tool's JSON schema, which works for any model, the tiny
+        # test model included; use your model's own parser (e.g. "hermes") for free-form calls.
+        self.tool_call_parser = tool_call_parser
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
@@ -181,6 +186,7 @@ class VLLMServer(ManagedProcess):
             "--max-model-len", str(self.max_model_len),
             "--logprobs-mode", "processed_logprobs",
             "--seed", "0",
+            *(["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser] if self.tool_call_parser else []),
             *self.extra_args,
         ]  # fmt: skip
 

@@ -8,11 +8,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from lightning_otel.servers import CollectorProcess, VLLMServer
+
+# No internet here: LiteLLM would try to fetch its price list at import, with retries and sleeps.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 @pytest.fixture(scope="session")

@@ -43,7 +43,15 @@ def test_instrument_twice_adds_nothing(instrumented, session_collector):
         f"SELECT count(*) FROM read_parquet('{session_collector.data_dir}/spans/**/*.parquet') WHERE name = 'only-once'"
     ).fetchone()[0]
     assert rows == 1 and raw == 1
-    assert instrumented.integrations == ["openai"]
+    # the dev extra installs every supported library, so every integration is on
+    assert instrumented.integrations == ["threading", "openai", "langchain", "openai-agents", "litellm"]
+
+
+def test_missing_libraries_are_skipped_quietly():
+    from lightning_otel.instrument.integrations._installed import installed
+
+    assert installed("json") and not installed("no_such_library_here")
+    assert not installed("json", "no_such_library_here.sub")
 
 
 def test_rollout_identity_reaches_every_span_and_rewards(instrumented, session_collector):

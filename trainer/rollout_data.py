@@ -45,9 +45,11 @@ class Selection:
 
 _SPANS_OF_SELECTED = """
 WITH selected AS (SELECT rollout_id, task_id, reward FROM rollouts WHERE {where})
-SELECT s.rollout_id, sel.task_id, sel.reward, s.span_id, s.parent_span_id, s.span_kind, s.start_time,
+SELECT s.rollout_id, sel.task_id, sel.reward, s.span_id, s.parent_span_id, s.span_kind,
+       coalesce(w.is_wrapper, false) AS is_wrapper, s.start_time,
        s.prompt_token_ids, s.completion_token_ids, s.completion_logprobs, s.policy_version
 FROM spans s JOIN selected sel USING (rollout_id)
+LEFT JOIN (SELECT trace_id, span_id, is_wrapper FROM llm_spans) w USING (trace_id, span_id)
 ORDER BY s.rollout_id, s.start_time, s.span_id
 """
 
@@ -88,8 +90,8 @@ def select_rollouts(conn: duckdb.DuckDBPyConnection, where: str = "true") -> Sel
             continue
         record = RolloutRecord(rollout_id=rollout_id, task_id=spans[0]["task_id"], reward=float(reward))
         for span in _causal_order(spans):
-            if span["span_kind"] != schema.KIND_LLM:
-                continue
+            if span["span_kind"] != schema.KIND_LLM or span["is_wrapper"]:
+                continue  # a framework's span around the SDK call that carries the tokens
             if span["prompt_token_ids"] is None or span["completion_token_ids"] is None or span["completion_logprobs"] is None:
                 record.calls_without_tokens += 1
                 continue

