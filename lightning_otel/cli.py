@@ -125,6 +125,17 @@ def _cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from lightning_otel.instrument.gateway import GatewayConfig, serve
+
+    serve(GatewayConfig(
+        upstreams=args.upstream, host=args.host, port=args.port, token=args.token,
+        upstream_api_key=args.upstream_api_key, timeout_s=args.timeout, retries=args.retries,
+        hide_inputs=args.hide_inputs, hide_outputs=args.hide_outputs,
+    ))  # fmt: skip
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lightning_otel.demo import run_demo
 
@@ -149,6 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="write to this file (required for parquet)")
     p.add_argument("query")
     p.set_defaults(func=_cmd_sql)
+
+    p = sub.add_parser("gateway", help="OpenAI-compatible proxy in front of vLLM that records every call")
+    env = os.environ.get
+    p.add_argument("--upstream", action="append", required=env("LIGHTNING_OTEL_UPSTREAM") is None,
+                   default=env("LIGHTNING_OTEL_UPSTREAM", "").split(",") if env("LIGHTNING_OTEL_UPSTREAM") else None,
+                   help="a vLLM server (http://host:port); repeat for replicas [$LIGHTNING_OTEL_UPSTREAM, comma-separated]")
+    p.add_argument("--host", default=env("LIGHTNING_OTEL_GATEWAY_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env("LIGHTNING_OTEL_GATEWAY_PORT", "8080")))
+    p.add_argument("--token", default=env("LIGHTNING_OTEL_GATEWAY_TOKEN"), help="bearer token clients must send")
+    p.add_argument("--upstream-api-key", default=env("LIGHTNING_OTEL_UPSTREAM_API_KEY"), help="sent to vLLM")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per upstream call")
+    p.add_argument("--retries", type=int, default=2, help="extra attempts on connection errors and 5xx")
+    p.add_argument("--hide-inputs", action="store_true", help="redact request text in spans (token ids kept)")
+    p.add_argument("--hide-outputs", action="store_true", help="redact response text in spans (token ids kept)")
+    p.set_defaults(func=_cmd_gateway)
 
     p = sub.add_parser("demo", help="collector + vLLM + example agent + train + hot-swap, a few iterations")
     p.add_argument("--workdir", default="./demo-runs/latest")

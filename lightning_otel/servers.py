@@ -143,6 +143,31 @@ class CollectorProcess(ManagedProcess):
         ]  # fmt: skip
 
 
+class GatewayProcess(ManagedProcess):
+    """`lightning-otel gateway` as a child process; spans go to `traces_endpoint`."""
+
+    what = "gateway"
+
+    def __init__(self, upstreams: list[str], traces_endpoint: str, port: int | None = None, host: str = "127.0.0.1",
+                 log_path: str | Path | None = None, extra_args: list[str] | None = None) -> None:  # fmt: skip
+        super().__init__(host, port, log_path, startup_timeout_s=60.0)
+        self.upstreams = upstreams
+        self.traces_endpoint = traces_endpoint
+        self.extra_args = extra_args or []
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def command(self) -> list[str]:
+        upstreams = [arg for url in self.upstreams for arg in ("--upstream", url)]
+        return [sys.executable, "-m", "lightning_otel", "gateway", *upstreams, "--host", self.host, "--port", str(self.port),
+                *self.extra_args]  # fmt: skip
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.traces_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+
+
 class VLLMServer(ManagedProcess):
     """A vLLM OpenAI-compatible server on `model_dir`, served as `served_model_name`."""
 

@@ -137,7 +137,8 @@ def test_langchain_tool_calling_agent(vllm_server, instrumented, session_collect
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": "what is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
     assert first["prompt"] == tokenizer.encode(rendered, add_special_tokens=False)
     assert json.loads(tokenizer.decode(first["completion"], skip_special_tokens=True)) == decision.tool_calls[0]["args"]
-    assert tokenizer.decode(second["completion"], skip_special_tokens=True) == final.content
+    # (vLLM's detokenizer holds back an incomplete UTF-8 sequence at the very end)
+    assert tokenizer.decode(second["completion"], skip_special_tokens=True).rstrip("\ufffd") == final.content.rstrip("\ufffd")
 
 
 def test_openai_agents_sdk(vllm_server, instrumented, session_collector):
