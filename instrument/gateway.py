@@ -101,6 +101,16 @@ class _SSEParser:
                     continue
 
 
+def _with_fields(raw: bytes, body: dict, fields: dict) -> bytes:
+    """The request body with `fields` added, without re-serializing it: appended before the final
+    brace, so on a repeated key (a caller's logprobs=false) ours, the last, is the one parsed."""
+    if not fields:
+        return raw
+    if not body:
+        return json.dumps(fields).encode()
+    return raw.rstrip()[:-1] + b"," + json.dumps(fields)[1:].encode()
+
+
 def _json(status: int, message: str, kind: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
@@ -204,7 +214,7 @@ class Gateway:
                 return _json(400, "request body is not JSON", "invalid_request_error")
             if not isinstance(body, dict):
                 return _json(400, "request body must be a JSON object", "invalid_request_error")
-            raw = json.dumps({**body, **token_request_fields(kind, body)}).encode()
+            raw = _with_fields(raw, body, token_request_fields(kind, body))
         call = _Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
         key = request.headers.get("Idempotency-Key")
         if key and kind is not None:
@@ -272,7 +282,9 @@ class Gateway:
             finally:
                 reply.release()
             ok = reply.status == 200
-            self._record(call, payload if ok else None, error=None if ok else f"upstream answered {reply.status}")
+            # The span is built after the response is on its way: recording adds no latency.
+            asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
+                                                 None if ok else f"upstream answered {reply.status}")  # fmt: skip
             return web.Response(status=reply.status, body=payload, content_type=reply.content_type)
         self._record(call, None, error=f"upstream unavailable: {error}")
         return _json(502, f"upstream unavailable: {error}", "upstream_unavailable")

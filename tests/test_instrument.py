@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -167,3 +168,45 @@ def test_other_providers_get_plain_requests_and_normal_spans(instrumented, sessi
         rollout.rollout_id,
     )
     assert rows == [("gpt-x", 3, None)]
+
+
+def test_a_dead_collector_never_blocks_the_agent_and_losses_are_counted():
+    """Collector down, tiny queue: spans are dropped and counted, the agent runs on and exits."""
+    code = (
+        "import json, lightning_otel\n"
+        "from lightning_otel.servers import free_port\n"
+        "inst = lightning_otel.instrument(endpoint=f'http://127.0.0.1:{free_port()}/v1/traces')\n"
+        "for i in range(2000):\n"
+        "    with lightning_otel.rollout(task_id='t'):\n"
+        "        lightning_otel.reward(1.0)\n"
+        "inst.flush(timeout_millis=5000)\n"
+        "print(json.dumps({'dropped': inst.dropped_spans, 'failed': inst.failed_spans}))\n"
+    )
+    env = {**os.environ, "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    counts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert counts["dropped"] > 0  # 4,000 spans through a 64-span queue to nowhere
+    assert counts["failed"] > 0
+    assert counts["dropped"] + counts["failed"] <= 4000
+
+
+def test_redaction_hides_text_but_keeps_what_training_needs(tmp_path):
+    """In a fresh process: instrument(hide_inputs, hide_outputs) masks tool I/O (OpenInference masks LLM text)."""
+    from lightning_otel.servers import CollectorProcess
+
+    with CollectorProcess(tmp_path / "data", flush_interval_s=0.2) as collector:
+        code = (
+            "import lightning_otel\n"
+            f"inst = lightning_otel.instrument(endpoint={collector.traces_endpoint!r}, hide_inputs=True, hide_outputs=True)\n"
+            "@lightning_otel.tool\n"
+            "def lookup(secret: str) -> str:\n"
+            "    return secret.upper()\n"
+            "with lightning_otel.rollout(task_id='private'):\n"
+            "    lookup('my password')\n"
+            "inst.flush()\n"
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        rows = wait_for(lambda: connect(collector.data_dir).execute("SELECT input, output FROM tool_calls").fetchall(),
+                        lambda r: len(r) >= 1)  # fmt: skip
+    assert rows == [("__REDACTED__", "__REDACTED__")]

@@ -210,3 +210,27 @@ def test_rollout_context_crosses_threads_tasks_and_sub_agents(vllm_server, instr
     researcher = next(s for s in spans if s["name"] == "researcher")
     assert researcher["kind"] == "AGENT"
     assert sum(1 for s in _model_calls(spans) if researcher in _ancestors(spans, s)) == 1
+
+
+def test_redacted_llm_spans_keep_token_ids(vllm_server, session_collector):
+    import subprocess
+    import sys
+
+    code = (
+        "import openai, lightning_otel\n"
+        f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, hide_inputs=True, hide_outputs=True)\n"
+        f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
+        "with lightning_otel.rollout(task_id='redacted') as r:\n"
+        "    client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': 'my secret'}], max_tokens=4)\n"
+        "inst.flush()\n"
+        "print(r.rollout_id)\n"
+    )
+    rollout_id = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.split()[-1]
+    conn = connect(session_collector.data_dir)
+    rows = wait_for(lambda: conn.execute(
+        "SELECT attributes['input.value'], attributes['output.value'], attributes['llm.input_messages.0.message.content'], "
+        "len(completion_token_ids), len(completion_logprobs) FROM spans WHERE rollout_id = ? AND span_kind = 'LLM'",
+        [rollout_id]).fetchall(), lambda r: len(r) >= 1)  # fmt: skip
+    [(inputs, outputs, message, ids, logprobs)] = rows
+    assert inputs == outputs == "__REDACTED__" and message in (None, "__REDACTED__")
+    assert ids == logprobs == 4
