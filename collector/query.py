@@ -6,12 +6,15 @@ number of processes can query while the collector writes. Views re-expand the fi
 each query, so new data shows up without reconnecting.
 
 Views (docs/sql.md has columns and examples):
+  spans_raw  every stored row: a retried export or a compaction overlap shows twice (cheapest to read)
   spans      one row per (trace_id, span_id): retried exports and compaction overlap never show twice
   llm_spans  every LLM span, with `is_wrapper` (a framework's span around the SDK call)
   llm_calls  one row per model call: LLM spans that are not wrappers, with token ids and logprobs
   tool_calls TOOL spans
   rewards    one row per reward report
   rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
+  merge_diagnostics  one row per boundary between consecutive LLM calls, from the trainer: merged or
+             not, first divergent position, classified cause
 
 `sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
 or extension access outside the trace store, settings locked, and `check_read_only` refuses any
@@ -43,8 +46,9 @@ def view_statements(source: str) -> list[str]:
     llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
     primary = _literal(schema.DEFAULT_REWARD_NAME)
     return [
+        f"""CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM {source}""",
         f"""CREATE OR REPLACE VIEW spans AS
-            SELECT * FROM {source}
+            SELECT * FROM spans_raw
             QUALIFY row_number() OVER (PARTITION BY {_DEDUP_KEY} ORDER BY end_time DESC) = 1""",
         # A framework's LLM span (LangChain's ChatOpenAI, LiteLLM's completion) around the SDK call
         # that carries the token ids is a wrapper: same trace, its time window contains a
@@ -75,6 +79,18 @@ def view_statements(source: str) -> list[str]:
             SELECT rollout_id, task_id, reward_name AS name, reward_value AS value, start_time AS time,
                    trace_id, span_id
             FROM spans WHERE reward_name IS NOT NULL AND rollout_id IS NOT NULL""",
+        f"""CREATE OR REPLACE VIEW merge_diagnostics AS
+            SELECT attributes[{_literal(schema.MERGE_ROLLOUT)}] AS rollout_id,
+                   start_time AS time, service_name,
+                   TRY_CAST(attributes[{_literal(schema.MERGE_CHAIN)}] AS INTEGER) AS chain,
+                   attributes[{_literal(schema.MERGE_PREV_SPAN)}] AS prev_span_id,
+                   attributes[{_literal(schema.MERGE_NEXT_SPAN)}] AS next_span_id,
+                   attributes[{_literal(schema.MERGE_MERGED)}] = 'true' AS merged,
+                   TRY_CAST(attributes[{_literal(schema.MERGE_POSITION)}] AS BIGINT) AS position,
+                   attributes[{_literal(schema.MERGE_CAUSE)}] AS cause,
+                   attributes[{_literal(schema.MERGE_REGION)}] AS region,
+                   attributes[{_literal(schema.MERGE_DETAIL)}] AS detail
+            FROM spans WHERE name = {_literal(schema.SPAN_MERGE_BOUNDARY)}""",
         f"""CREATE OR REPLACE VIEW rollouts AS
             WITH members AS (
                 SELECT rollout_id,

@@ -72,9 +72,21 @@ PACKED_COMPLETION_TOKEN_IDS = "lightning.llm.packed.completion_token_ids"  # byt
 PACKED_COMPLETION_LOGPROBS = "lightning.llm.packed.completion_logprobs"  # bytes: float64 little-endian
 FINISH_REASON = "lightning.llm.finish_reason"
 
+# --- merge diagnostics: one span per boundary between consecutive calls, written by the trainer -----
+MERGE_ROLLOUT = "lightning.merge.rollout_id"  # not lightning.rollout.id: not a span of the rollout
+MERGE_MERGED = "lightning.merge.merged"  # bool
+MERGE_POSITION = "lightning.merge.position"  # int: first divergent token index (failed boundaries)
+MERGE_CAUSE = "lightning.merge.cause"  # retokenized, template_changed, context_rewritten, ...
+MERGE_REGION = "lightning.merge.region"  # where the divergence fell: prompt, first_message, completion
+MERGE_DETAIL = "lightning.merge.detail"
+MERGE_CHAIN = "lightning.merge.chain"  # int: chain index within the rollout
+MERGE_PREV_SPAN = "lightning.merge.prev_span_id"
+MERGE_NEXT_SPAN = "lightning.merge.next_span_id"
+
 # Span names we create.
 SPAN_ROLLOUT = "rollout"
 SPAN_REWARD = "reward"
+SPAN_MERGE_BOUNDARY = "merge_boundary"
 
 # The attributes copied from the rollout context onto every span started inside a rollout.
 ROLLOUT_CONTEXT_ATTRIBUTES = (ROLLOUT_ID, TASK_ID, ATTEMPT)
@@ -95,4 +107,13 @@ LIGHTNING_ATTRIBUTES = (
     PACKED_COMPLETION_TOKEN_IDS,
     PACKED_COMPLETION_LOGPROBS,
     FINISH_REASON,
+    MERGE_ROLLOUT,
+    MERGE_MERGED,
+    MERGE_POSITION,
+    MERGE_CAUSE,
+    MERGE_REGION,
+    MERGE_DETAIL,
+    MERGE_CHAIN,
+    MERGE_PREV_SPAN,
+    MERGE_NEXT_SPAN,
 )

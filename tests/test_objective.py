@@ -30,7 +30,7 @@ def test_group_advantages_reject_non_finite():
 def test_rollout_split_into_three_samples_weighs_the_same_as_one_sample():
     # rollout 0: one sample with 4 generated tokens; rollout 1: three samples, 1 + 2 + 3 tokens
     masks = [[0, 1, 1, 1, 1], [0, 1], [0, 0, 1, 1], [1, 1, 1]]
-    weights = rollout_token_weights(masks, [0, 1, 1, 1])
+    weights = [w.tolist() for w in rollout_token_weights(masks, [0, 1, 1, 1])]
     # R = 2: rollout 0 tokens weigh 1/(2*4); rollout 1 tokens weigh 1/(2*6)
     assert weights[0] == [0.0, 0.125, 0.125, 0.125, 0.125]
     assert weights[1] == [0.0, pytest.approx(1 / 12)]
@@ -63,4 +63,7 @@ def test_ppo_clip_on_hand_computed_tokens():
 
 
 def test_sample_helper_counts_generated_tokens():
-    assert Sample(token_ids=[1, 2, 3], loss_mask=[0, 1, 1], behaviour_logprobs=[0, -1, -1]).generated_tokens == 2
+    import numpy as np
+
+    sample = Sample(np.array([1, 2, 3]), np.array([0, 1, 1]), np.array([0.0, -1.0, -1.0]))
+    assert sample.generated_tokens == 2

@@ -1,11 +1,15 @@
-"""Turn a rollout's ordered LLM calls into training samples, merging calls only where exact.
+"""Turn a chain of LLM calls into training samples, merging calls only where exact.
 
 The rule (pure, pinned by tests/test_merge.py): call k+1 joins the current sample exactly when
-its prompt token ids start with the sample's tokens so far (every earlier prompt and
-completion, as the model saw and produced them). The tokens between (tool output, the next
-user turn, chat-template tokens) are appended with loss mask 0; the new completion with mask 1.
-Otherwise the call starts a new sample. So a sample is always a sequence the model actually
-saw, and only tokens the model generated carry loss.
+its prompt token ids start with call k's prompt + completion ids, the sequence the model saw and
+produced. The tokens between (tool output, the next user turn, chat-template tokens) get loss
+mask 0, the new completion mask 1. Otherwise the call starts a new sample, and the boundary
+records where the two sequences first differ (retokenization.py says why). So a sample is always
+a sequence the model actually saw, and only tokens the model generated carry loss.
+
+Token ids are numpy arrays (views into the Arrow columns they were read from): the prefix test is
+two array comparisons, and a sample is built once, from its last call, with no concatenation per
+boundary.
 """
 
 from __future__ import annotations
@@ -13,22 +17,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 
-@dataclass(frozen=True)
+
+def as_ids(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    """int32 ids (a no-copy view when they already are): the merge compares raw bytes."""
+    return np.asarray(values, dtype=np.int32)
+
+
+@dataclass(frozen=True, eq=False)
 class LLMCall:
     """One LLM call's token-level record (choice 0), from the `llm_calls` view."""
 
     span_id: str
-    prompt_ids: Sequence[int]
-    completion_ids: Sequence[int]
-    logprobs: Sequence[float]  # behaviour logprob of each completion id
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    logprobs: np.ndarray  # behaviour logprob of each completion id
     policy_version: str | None = None
+    reconstructed: bool = False  # ids rebuilt from messages, not recorded from vLLM
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", as_ids(self.prompt_ids))
+        object.__setattr__(self, "completion_ids", as_ids(self.completion_ids))
+        object.__setattr__(self, "logprobs", np.asarray(self.logprobs, dtype=np.float64))
         if len(self.logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"call {self.span_id}: {len(self.logprobs)} logprobs for {len(self.completion_ids)} completion ids"
             )
+
+    @property
+    def sequence_length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
 
 
 @dataclass
@@ -36,38 +55,72 @@ class Sample:
     """A token sequence to train on. `loss_mask[i]` is 1 iff the model generated token i;
     `behaviour_logprobs[i]` is its logprob under the policy that sampled it (0.0 where masked)."""
 
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    behaviour_logprobs: list[float] = field(default_factory=list)
+    token_ids: np.ndarray
+    loss_mask: np.ndarray
+    behaviour_logprobs: np.ndarray
     span_ids: list[str] = field(default_factory=list)
+    policy_versions: list[str | None] = field(default_factory=list)
 
     @property
     def generated_tokens(self) -> int:
-        return sum(self.loss_mask)
+        return int(self.loss_mask.sum())
 
-    def _extend(self, ids: Sequence[int], mask: int, logprobs: Sequence[float] | None = None) -> None:
-        self.token_ids.extend(ids)
-        self.loss_mask.extend([mask] * len(ids))
-        self.behaviour_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    def append_call(self, call: LLMCall) -> None:
-        """Append `call`, whose prompt must start with this sample's tokens."""
-        self._extend(call.prompt_ids[len(self.token_ids) :], 0)
-        self._extend(call.completion_ids, 1, call.logprobs)
-        self.span_ids.append(call.span_id)
+@dataclass(frozen=True)
+class Boundary:
+    """Between two consecutive calls of a chain: merged, or where the sequences first differ."""
+
+    prev_span_id: str
+    next_span_id: str
+    merged: bool
+    position: int | None = None  # first index where next prompt != prev prompt + completion
+
+
+def first_divergence(prev: LLMCall, next_prompt: np.ndarray) -> int | None:
+    """Index of the first token where next_prompt differs from prev's prompt + completion, or
+    None when next_prompt starts with all of it (the merge condition)."""
+    p, c = len(prev.prompt_ids), len(prev.completion_ids)
+    for start, part in ((0, prev.prompt_ids), (p, prev.completion_ids)):
+        window = next_prompt[start : start + len(part)]
+        # bytes equality is a memcmp: several times faster than numpy's elementwise ==, then .all()
+        if len(window) < len(part) or window.tobytes() != part.tobytes():
+            shared = min(len(window), len(part))
+            different = np.flatnonzero(window[:shared] != part[:shared])
+            return start + (int(different[0]) if len(different) else shared)
+    return None
 
 
 def extends(sample_tokens: Sequence[int], prompt_ids: Sequence[int]) -> bool:
     """True iff prompt_ids starts with sample_tokens (the exact-prefix merge condition)."""
-    n = len(sample_tokens)
-    return len(prompt_ids) >= n and list(prompt_ids[:n]) == list(sample_tokens)
+    sample, prompt = as_ids(sample_tokens), as_ids(prompt_ids)
+    return len(prompt) >= len(sample) and np.array_equal(prompt[: len(sample)], sample)
 
 
-def merge_calls(calls: Sequence[LLMCall]) -> list[Sample]:
-    """Samples for one chain of calls in causal order (see module docstring)."""
-    samples: list[Sample] = []
+def _build(calls: list[LLMCall]) -> Sample:
+    """The sample of a run of merged calls: the last call's prompt + completion, masks at each
+    call's completion (each call's prompt is a prefix of the next, so positions are absolute)."""
+    last = calls[-1]
+    tokens = np.concatenate([last.prompt_ids, last.completion_ids])
+    mask = np.zeros(len(tokens), dtype=np.int8)
+    logprobs = np.zeros(len(tokens), dtype=np.float64)
     for call in calls:
-        if not samples or not extends(samples[-1].token_ids, call.prompt_ids):
-            samples.append(Sample())
-        samples[-1].append_call(call)
-    return samples
+        start = len(call.prompt_ids)
+        mask[start : start + len(call.completion_ids)] = 1
+        logprobs[start : start + len(call.completion_ids)] = call.logprobs
+    return Sample(tokens, mask, logprobs, [c.span_id for c in calls], [c.policy_version for c in calls])
+
+
+def merge_calls(calls: Sequence[LLMCall]) -> tuple[list[Sample], list[Boundary]]:
+    """Samples and boundaries for one chain of calls in causal order (see module docstring)."""
+    runs: list[list[LLMCall]] = []
+    boundaries: list[Boundary] = []
+    for call in calls:
+        if runs:
+            prev = runs[-1][-1]
+            position = first_divergence(prev, call.prompt_ids)
+            boundaries.append(Boundary(prev.span_id, call.span_id, position is None, position))
+            if position is None:
+                runs[-1].append(call)
+                continue
+        runs.append([call])
+    return [_build(run) for run in runs], boundaries

@@ -26,6 +26,7 @@ import math
 from collections import defaultdict
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -54,18 +55,16 @@ def group_advantages(
     return advantages
 
 
-def rollout_token_weights(masks: Sequence[Sequence[int]], rollout_of_sample: Sequence[int]) -> list[list[float]]:
+def rollout_token_weights(masks: Sequence[Sequence[int]], rollout_of_sample: Sequence[int]) -> list[np.ndarray]:
     """w_t = 1 / (R * T_r) on generated tokens, 0 elsewhere; R counts rollouts with T_r > 0.
     The weights of the whole batch sum to 1."""
-    totals: dict[int, int] = defaultdict(int)
+    masks = [np.asarray(mask, dtype=np.float64) for mask in masks]
+    totals: dict[int, float] = defaultdict(float)
     for mask, rollout in zip(masks, rollout_of_sample, strict=True):
-        totals[rollout] += sum(mask)
-    active = [r for r, tokens in totals.items() if tokens > 0]
-    if not active:
-        return [[0.0] * len(mask) for mask in masks]
-    n_rollouts = len(active)
+        totals[rollout] += mask.sum()
+    n_rollouts = sum(1 for tokens in totals.values() if tokens > 0)
     return [
-        [m / (n_rollouts * totals[rollout]) if m else 0.0 for m in mask]
+        mask / (n_rollouts * totals[rollout]) if totals[rollout] > 0 else np.zeros_like(mask)
         for mask, rollout in zip(masks, rollout_of_sample, strict=True)
     ]
 

@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from lightning_otel.trainer.hotswap import SwapReport, VLLMAdmin, hot_swap
-from lightning_otel.trainer.rollout_data import Selection, select_rollouts
+from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, select_rollouts
 from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, policy_update
 
 
@@ -58,11 +58,12 @@ class PolicyTrainer:
         self.version = 0
         self.serving_dir = Path(model_dir)  # the weights the server serves now: the rollback target
 
-    def step(self, conn: duckdb.DuckDBPyConnection, where: str = "true") -> StepResult:
-        selection = select_rollouts(conn, where)
+    def step(self, conn: duckdb.DuckDBPyConnection, where: str = "true", selection_config: SelectionConfig | None = None,
+             max_staleness: int | None = None) -> StepResult:  # fmt: skip
+        selection = select_rollouts(conn, where, selection_config)
         if not selection.rollouts:
             raise ValueError(f"no trainable rollouts for WHERE {where!r}; excluded: {selection.excluded}")
-        batch = build_batch(selection, self.config.scale_by_std)
+        batch = build_batch(selection, self.config.scale_by_std, max_staleness, current_version=self.version)
         metrics = policy_update(self.model, self.optimizer, batch, self.config)
         self.version += 1
         return StepResult(selection, batch, metrics)
