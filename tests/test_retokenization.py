@@ -114,3 +114,15 @@ def test_without_a_tokenizer_positions_still_classify_the_prompt_side(tokenizer)
     edited = np.asarray([prompt[0] + 1] + prompt[1:])
     assert classify(first, edited, 0, None).cause == "context_rewritten"  # no message starts known
     assert classify(first, np.asarray(prompt + [9, 9, 9, 9]), len(prompt), None).cause == "unknown"
+
+
+def test_invalid_utf8_replaced_on_detokenization_is_a_retokenization(tokenizer):
+    from tokenizers.pre_tokenizers import ByteLevel  # noqa: F401 - the byte<->char table below is ByteLevel's
+
+    stray = tokenizer.convert_tokens_to_ids("Ģ")  # ByteLevel's char for the lone byte 0x80: not valid UTF-8
+    completion = tokenizer.encode(" apple", add_special_tokens=False) + [stray, tokenizer.eos_token_id]
+    text = tokenizer.decode(completion, skip_special_tokens=True)
+    assert text.endswith("\ufffd")  # what vLLM hands the harness
+    _, diagnosis = _boundary(tokenizer, completion,
+                             [SYSTEM, USER, {"role": "assistant", "content": text}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    assert diagnosis.cause == "retokenized" and "UTF-8" in diagnosis.detail

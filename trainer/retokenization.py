@@ -86,14 +86,14 @@ def _compare_completion_text(prev: LLMCall, next_prompt: np.ndarray, tokenizer, 
     rendered = next_prompt[p:end].tolist()
     produced_text = tokenizer.decode(produced)
     rendered_text = tokenizer.decode(rendered)
-    if produced_text == rendered_text:
-        if produced != rendered:
-            return Diagnosis("retokenized", position, region, f"same text, {len(produced)} ids became {len(rendered)}")
-        return Diagnosis("template_changed", position, region, "same completion; special tokens after it differ")
     if "\ufffd" in produced_text or "\ufffd" in rendered_text:
         # vLLM detokenizes incrementally; bytes that are not valid UTF-8 come back as U+FFFD, and
         # the next prompt re-encodes that character, not the bytes: a lossy retokenization.
         return Diagnosis("retokenized", position, region, "bytes that are not valid UTF-8 were replaced when detokenized")
+    if produced_text == rendered_text:
+        if produced != rendered:
+            return Diagnosis("retokenized", position, region, f"same text, {len(produced)} ids became {len(rendered)}")
+        return Diagnosis("template_changed", position, region, "same completion; special tokens after it differ")
     if _REASONING.search(produced_text) and _REASONING.sub("", produced_text).strip() == rendered_text.strip():
         return Diagnosis("template_changed", position, region, "reasoning block dropped from history")
     if produced_text.strip() == rendered_text.strip():
