@@ -67,3 +67,55 @@ def test_sample_helper_counts_generated_tokens():
 
     sample = Sample(np.array([1, 2, 3]), np.array([0, 1, 1]), np.array([0.0, -1.0, -1.0]))
     assert sample.generated_tokens == 2
+
+
+def test_each_normalization_on_a_hand_computed_batch():
+    from lightning_otel.trainer.objective import token_weights
+
+    # samples: rollout 0 -> [2 tokens]; rollout 1 -> [1 token], [3 tokens]
+    masks, owner = [[0, 1, 1], [1], [0, 1, 1, 1]], [0, 1, 1]
+    weights = {n: [w.tolist() for w in token_weights(masks, owner, n, fixed_length=4)]
+               for n in ("rollout", "sample", "batch_token", "fixed_length")}  # fmt: skip
+    assert weights["rollout"] == [[0, 1 / 4, 1 / 4], [1 / 8], [0, 1 / 8, 1 / 8, 1 / 8]]  # 1/(R*T_r): T_0 = 2, T_1 = 4
+    assert weights["sample"] == [[0, 1 / 6, 1 / 6], [1 / 3], [0, 1 / 9, 1 / 9, 1 / 9]]  # 1/(S*T_s), S = 3
+    assert weights["batch_token"] == [[0, 1 / 6, 1 / 6], [1 / 6], [0, 1 / 6, 1 / 6, 1 / 6]]  # 1/T, T = 6
+    assert weights["fixed_length"] == [[0, 1 / 12, 1 / 12], [1 / 12], [0, 1 / 12, 1 / 12, 1 / 12]]  # 1/(S*L), L = 4
+    with pytest.raises(ValueError, match="normalization"):
+        token_weights(masks, owner, "per_token")
+
+
+def _selection_split(rewards_and_splits):
+    """Rollouts of one task; each split into the given number of samples (calls that never extend)."""
+    import numpy as np
+
+    from lightning_otel.trainer.merge import LLMCall
+    from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
+
+    rollouts = []
+    for index, (reward, splits) in enumerate(rewards_and_splits):
+        calls = [LLMCall(f"{index}-{k}", [100 + k], [7, 8], [-1.0, -1.0]) for k in range(splits)]
+        rollouts.append(RolloutRecord(f"r{index}", "task", reward, chains=[calls]))
+    return Selection(rollouts, {})
+
+
+def test_advantage_levels_on_a_rollout_split_into_three_samples():
+    import math
+
+    from lightning_otel.trainer.update import UpdateConfig, build_batch
+
+    selection = _selection_split([(1.0, 3), (0.0, 1)])
+    per_rollout = build_batch(selection, config=UpdateConfig(advantage_level="rollout"))
+    assert per_rollout.advantages == pytest.approx([1.0, 1.0, 1.0, -1.0], abs=1e-5)  # z-score of [1, 0]
+    per_sample = build_batch(selection, config=UpdateConfig(advantage_level="sample"))
+    std = math.sqrt((3 * 0.25**2 + 0.75**2) / 4)  # samples' rewards [1, 1, 1, 0], mean 0.75
+    assert per_sample.advantages == pytest.approx([0.25 / std] * 3 + [-0.75 / std], abs=1e-5)
+    # rollout-level normalization: the split rollout's three samples weigh what the whole one does
+    weights = [w.sum() for w in per_rollout.token_weights]
+    assert sum(weights[:3]) == pytest.approx(weights[3]) == pytest.approx(0.5)
+
+
+def test_groups_without_reward_variance_are_reported():
+    from lightning_otel.trainer.update import build_batch
+
+    batch = build_batch(_selection_split([(1.0, 1), (1.0, 2)]))
+    assert batch.zero_variance_groups == ["task"] and batch.advantages == [0.0, 0.0, 0.0]

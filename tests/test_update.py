@@ -9,7 +9,8 @@ import numpy as np
 from lightning_otel.trainer.merge import Sample
 from lightning_otel.trainer.objective import rollout_token_weights
 from lightning_otel.trainer.rollout_data import RolloutRecord
-from lightning_otel.trainer.update import Batch, UpdateConfig, policy_update, token_logprobs
+from lightning_otel.trainer.hotswap import model_prompt_logprobs
+from lightning_otel.trainer.update import Batch, UpdateConfig, policy_update
 
 
 def _batch(model) -> Batch:
@@ -18,19 +19,18 @@ def _batch(model) -> Batch:
     samples = []
     for length, mask in lengths:
         ids = torch.randint(3, 500, (length,)).tolist()
-        with torch.no_grad():
-            lp = token_logprobs(model, torch.tensor([ids]), torch.ones(1, length, dtype=torch.long))[0]
+        lp = [0.0] + model_prompt_logprobs(model, ids)
         # behaviour logprobs a little off the current policy, so ratios are not all 1
         behaviour = [(float(x) + 0.3 * ((i % 3) - 1)) if m else 0.0 for i, (x, m) in enumerate(zip(lp, mask))]
         samples.append(Sample(np.asarray(ids), np.asarray(mask), np.asarray(behaviour)))
     rollout_of_sample = [0, 1, 1]
     weights = rollout_token_weights([s.loss_mask for s in samples], rollout_of_sample)
     rollouts = [RolloutRecord("r0", "t", 1.0), RolloutRecord("r1", "t", 0.0)]
-    return Batch(samples, rollout_of_sample, rollouts, [1.0, -1.0], weights)
+    return Batch(samples, rollout_of_sample, rollouts, [1.0, -1.0, -1.0], weights)
 
 
-def _grads(model, batch, micro_batch_size):
-    config = UpdateConfig(micro_batch_size=micro_batch_size, max_grad_norm=1e9)
+def _grads(model, batch, micro_batch_size, layout="sorted", pack_length=32):
+    config = UpdateConfig(micro_batch_size=micro_batch_size, max_grad_norm=1e9, layout=layout, pack_length=pack_length)
     metrics = policy_update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, config)
     return metrics, [p.grad.clone() for p in model.parameters()]
 
@@ -62,3 +62,96 @@ def test_one_step_moves_the_weights(tiny_model_dir):
     metrics = policy_update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _batch(model), UpdateConfig())
     assert metrics["rollouts"] == 2 and metrics["samples"] == 3
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_packed_and_unpacked_batches_give_the_same_loss_and_gradient(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = _batch(model)
+    unpacked_metrics, unpacked = _grads(model, batch, micro_batch_size=8, layout="sorted")
+    packed_metrics, packed = _grads(model, batch, micro_batch_size=8, layout="packed")
+    assert packed_metrics["rows"] == 1 and unpacked_metrics["rows"] == 3  # all three samples in one row
+    assert packed_metrics["padding_fraction"] < unpacked_metrics["padding_fraction"]
+    assert packed_metrics["loss"] == pytest.approx(unpacked_metrics["loss"], abs=1e-6)
+    for a, b in zip(unpacked, packed):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_shared_prefix_rows_give_the_same_loss_and_gradient(tiny_model_dir):
+    """Four samples of one task share a 20-token prompt: computed once, scored exactly as if whole."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    torch.manual_seed(3)
+    prompt = torch.randint(3, 500, (20,)).tolist()
+    samples, rollouts = [], []
+    for g in range(4):
+        completion = torch.randint(3, 500, (3 + 2 * g,)).tolist()
+        ids = prompt + completion
+        behaviour = [0.0] * len(prompt) + [x + 0.1 for x in model_prompt_logprobs(model, ids)[len(prompt) - 1 :]]
+        mask = [0] * len(prompt) + [1] * len(completion)
+        samples.append(Sample(np.asarray(ids), np.asarray(mask), np.asarray(behaviour)))
+        rollouts.append(RolloutRecord(f"r{g}", "same-task", float(g)))
+    weights = rollout_token_weights([s.loss_mask for s in samples], [0, 1, 2, 3])
+    batch = Batch(samples, [0, 1, 2, 3], rollouts, [1.0, -0.5, 0.5, -1.0], weights)
+    plain_metrics, plain = _grads(model, batch, micro_batch_size=8, layout="sorted")
+    shared_metrics, shared = _grads(model, batch, micro_batch_size=8, layout="shared_prefix", pack_length=None)
+    assert shared_metrics["rows"] == 1  # one row: the prompt once, then the four completions
+    assert shared_metrics["processed_tokens"] == 20 + 3 + 5 + 7 + 9
+    assert shared_metrics["loss"] == pytest.approx(plain_metrics["loss"], abs=1e-6)
+    for a, b in zip(plain, shared):
+        assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
+
+
+def one_update(model):
+    """The update both the 1-process and the 2-process runs make (also used by dist_update_worker.py).
+    SGD, so the update is linear in the gradient: Adam's first step is lr * sign(g), which would turn
+    float-rounding noise in near-zero gradients into lr-sized differences."""
+    batch = _batch(model)
+    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=0.5)
+    return policy_update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, config)
+
+
+def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lightning_otel.servers import free_port
+
+    here = Path(__file__).parent
+    out = tmp_path / "params.pt"
+    env = {**os.environ, "PYTHONPATH": str(here), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+         str(here / "dist_update_worker.py"), str(tiny_model_dir), str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    one_update(model)
+    single = torch.cat([p.detach().flatten() for p in model.parameters()])
+    distributed = torch.load(out)
+    assert not torch.allclose(single, before)  # the update moved the weights
+    assert torch.allclose(distributed, single, atol=1e-6)
+
+
+def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_model_dir, tmp_path):
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    from lightning_otel.trainer.merge import LLMCall
+    from lightning_otel.trainer.policy import PolicyTrainer
+    from lightning_otel.trainer.rollout_data import Selection
+
+    trainer = PolicyTrainer(tiny_model_dir, tmp_path, UpdateConfig(learning_rate=1e-2),
+                            lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
+    rollouts = [RolloutRecord(f"r{i}", "t", float(i), chains=[[LLMCall(f"c{i}", [1, 2, 3], [4 + i, 5], [-1.0, -1.0])]])
+                for i in range(2)]  # fmt: skip
+    result = trainer.train_on(Selection(rollouts, {}))
+    assert result.metrics["grad_norm"] > 0
+    assert all(torch.equal(frozen[n], p) for n, p in trainer.model.named_parameters() if n in frozen)
+    saved = load_file(str(trainer.save_weights() / "model.safetensors"))
+    assert not any("lora" in name for name in saved)  # merged: a plain checkpoint vLLM can reload
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    assert any(not torch.equal(saved[n], base[n]) for n in saved if "q_proj" in n)

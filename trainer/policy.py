@@ -47,12 +47,27 @@ class StepResult:
 
 
 class PolicyTrainer:
-    """The trainable model and its optimizer, and where its weight versions are saved."""
+    """The trainable model (full weights, or LoRA adapters with `lora`), its optimizer, an optional
+    frozen reference for the KL term, and where its weight versions are saved."""
 
-    def __init__(self, model_dir: str | Path, workdir: str | Path, config: UpdateConfig | None = None, keep: int = 2):
+    def __init__(self, model_dir: str | Path, workdir: str | Path, config: UpdateConfig | None = None, keep: int = 2,
+                 lora=None, dtype: torch.dtype = torch.float32, device: str | None = None,  # noqa: ANN001
+                 gradient_checkpointing: bool = False):  # fmt: skip
         self.config = config or UpdateConfig()
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate, weight_decay=0.0)
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        self.reference = None
+        if self.config.kl_coef:
+            self.reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+            self.reference.requires_grad_(False)
+        if gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        if lora is not None:
+            from peft import get_peft_model
+
+            self.model = get_peft_model(self.model, lora)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=self.config.learning_rate, weight_decay=0.0)
         self.weights_root = Path(workdir) / "weights"
         self.keep = keep
         self.version = 0
@@ -63,15 +78,24 @@ class PolicyTrainer:
         selection = select_rollouts(conn, where, selection_config)
         if not selection.rollouts:
             raise ValueError(f"no trainable rollouts for WHERE {where!r}; excluded: {selection.excluded}")
-        batch = build_batch(selection, self.config.scale_by_std, max_staleness, current_version=self.version)
-        metrics = policy_update(self.model, self.optimizer, batch, self.config)
+        return self.train_on(selection, max_staleness)
+
+    def train_on(self, selection: Selection, max_staleness: int | None = None) -> StepResult:
+        """Steps 3-5 on rollouts already selected (e.g. built in memory)."""
+        batch = build_batch(selection, max_staleness=max_staleness, current_version=self.version, config=self.config)
+        metrics = policy_update(self.model, self.optimizer, batch, self.config, self.reference)
         self.version += 1
         return StepResult(selection, batch, metrics)
 
     def save_weights(self) -> Path:
         """Write the current weights as `weights/v<version>` (safetensors + config); keep the newest few."""
         out = self.weights_root / f"v{self.version}"
-        self.model.save_pretrained(out, safe_serialization=True)
+        model = self.model
+        if hasattr(model, "merge_and_unload"):  # LoRA: a full-weight swap needs the merged weights
+            import copy
+
+            model = copy.deepcopy(model).merge_and_unload()
+        model.save_pretrained(out, safe_serialization=True)
         old = sorted(self.weights_root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]
         for path in old:
             if path != self.serving_dir:
