@@ -81,8 +81,8 @@ def test_instrumented_agent_to_hot_swapped_weights(vllm_server, instrumented, se
     assert samples_of == {merged_id: 1, split_id: 2}
     merged_sample = result.batch.samples[result.batch.rollout_of_sample.index(result.batch.rollout_ids.index(merged_id))]
     second = merged_calls[1]
-    assert merged_sample.token_ids == second.model_extra["prompt_token_ids"] + second.choices[0].model_extra["token_ids"]
-    assert sorted(result.batch.advantages) == pytest.approx([-1.0, 1.0], abs=1e-5)
+    assert merged_sample.token_ids.tolist() == second.model_extra["prompt_token_ids"] + second.choices[0].model_extra["token_ids"]
+    assert sorted(result.batch.advantages) == pytest.approx([-1.0, -1.0, 1.0], abs=1e-5)  # per sample, the rollout's
     # rollout-level weights: each rollout's tokens weigh half the batch
     per_rollout = {rid: 0.0 for rid in samples_of}
     for weights, rollout_index in zip(result.batch.token_weights, result.batch.rollout_of_sample):
@@ -90,7 +90,7 @@ def test_instrumented_agent_to_hot_swapped_weights(vllm_server, instrumented, se
     assert list(per_rollout.values()) == pytest.approx([0.5, 0.5])
 
     # 3. hot-swap: before, the server still serves the old weights; after, the trainer's
-    probe = merged_sample.token_ids
+    probe = merged_sample.token_ids.tolist()
     assert probe_max_diff(admin, model, trainer.model, probe) > 1e-4
     swap = trainer.swap_into(admin)
     assert probe_max_diff(admin, model, trainer.model, probe) < 1e-4
