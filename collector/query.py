@@ -13,6 +13,7 @@ Views (docs/sql.md has columns and examples):
   tool_calls TOOL spans
   rewards    one row per reward report
   rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
+  train_steps  one row per optimizer step of the training job: reward, loss, clip fraction, swap time
   merge_diagnostics  one row per boundary between consecutive LLM calls, from the trainer: merged or
              not, first divergent position, classified cause
 
@@ -40,6 +41,16 @@ def _literal(text: str) -> str:
 # columns to the dedup window's PARTITION BY changes nothing, except that DuckDB can then push
 # filters on those columns below the window: a lookup by rollout id reads one rollout, not all.
 _DEDUP_KEY = "trace_id, span_id, rollout_id, task_id, span_kind, service_name, start_time, name, policy_version"
+
+
+_TRAIN_COLUMNS = (
+    ("step", schema.TRAIN_STEP, "BIGINT"), ("version", schema.TRAIN_VERSION, "VARCHAR"),
+    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"), ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
+    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"), ("loss", schema.TRAIN_LOSS, "DOUBLE"),
+    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"), ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
+    ("kl", schema.TRAIN_KL, "DOUBLE"), ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
+    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"), ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
+)  # fmt: skip
 
 
 def view_statements(source: str) -> list[str]:
@@ -91,6 +102,10 @@ def view_statements(source: str) -> list[str]:
                    attributes[{_literal(schema.MERGE_REGION)}] AS region,
                    attributes[{_literal(schema.MERGE_DETAIL)}] AS detail
             FROM spans WHERE name = {_literal(schema.SPAN_MERGE_BOUNDARY)}""",
+        f"""CREATE OR REPLACE VIEW train_steps AS
+            SELECT start_time AS time, service_name,
+                   {", ".join(f"TRY_CAST(attributes[{_literal(attr)}] AS {kind}) AS {column}" for column, attr, kind in _TRAIN_COLUMNS)}
+            FROM spans WHERE name = {_literal(schema.SPAN_TRAIN_STEP)}""",
         f"""CREATE OR REPLACE VIEW rollouts AS
             WITH members AS (
                 SELECT rollout_id,

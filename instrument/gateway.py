@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,7 @@ class GatewayConfig:
     retries: int = 2  # extra attempts after the first, on connection errors and 5xx
     hide_inputs: bool = False
     hide_outputs: bool = False
+    admin_token: str | None = None  # enables /admin/swap (gateway_admin.py)
 
 
 @dataclass
@@ -64,6 +65,12 @@ class _Upstream:
     url: str
     version: str | None = None
     healthy: bool = True
+    inflight: int = 0  # requests dispatched and not yet answered
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: dispatch; clear: a swap is draining it
+    version_owned: bool = False  # the gateway swapped it: it knows the version, do not poll it
+
+    def __post_init__(self) -> None:
+        self.gate.set()
 
 
 @dataclass
@@ -75,6 +82,8 @@ class _Call:
     rollout: dict[str, Any] = field(default_factory=dict)
     context: context_api.Context | None = None  # from the caller's traceparent, if any
     upstream: _Upstream | None = None
+    version: str | None = None  # the version that served the call, fixed at dispatch
+    adapter: tuple[str, str] | None = None  # LoRA: (adapter name, version) the logical model maps to
     started_ns: int = field(default_factory=time.time_ns)
 
     @property
@@ -127,6 +136,9 @@ class Gateway:
         self._inflight: dict[str, asyncio.Future] = {}
         self._tasks: list[asyncio.Task] = []
         self._round_robin = 0
+        self.idle: asyncio.Condition | None = None  # notified whenever a request finishes
+        self.served: dict[str, tuple[str, str]] = {}  # logical model -> (LoRA adapter, version)
+        self.adapter_inflight: Counter = Counter()
 
     # -- app ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -136,6 +148,9 @@ class Gateway:
             app.router.add_route("*", prefix + "/v1/{path:.*}", self.proxy)
             if prefix:
                 app.router.add_post(prefix + "/reward", self.reward)
+        from lightning_otel.instrument.gateway_admin import routes
+
+        app.router.add_routes(routes(self))
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -143,13 +158,14 @@ class Gateway:
     @web.middleware
     async def _auth(self, request: web.Request, handler):  # noqa: ANN001, ANN202
         token = self.config.token
-        if token and request.path != "/health":
+        if token and request.path != "/health" and not request.path.startswith("/admin/"):
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 return _json(401, "missing or wrong bearer token", "authentication_error")
         return await handler(request)
 
     async def _start(self, _app: web.Application) -> None:
+        self.idle = asyncio.Condition()
         self.session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s))
         self._tasks.append(asyncio.create_task(self._poll_versions()))
 
@@ -167,6 +183,8 @@ class Gateway:
         """Track each replica's weight version (vLLM dev-mode /weight_info) and health."""
         while True:
             for upstream in self.upstreams:
+                if upstream.version_owned:
+                    continue
                 try:
                     async with self.session.get(upstream.url + "/weight_info", headers=self._upstream_headers(),
                                                 timeout=ClientTimeout(total=2)) as reply:  # fmt: skip
@@ -214,8 +232,14 @@ class Gateway:
                 return _json(400, "request body is not JSON", "invalid_request_error")
             if not isinstance(body, dict):
                 return _json(400, "request body must be a JSON object", "invalid_request_error")
-            raw = _with_fields(raw, body, token_request_fields(kind, body))
+            adapter = self.served.get(body.get("model"))
+            if adapter is not None:  # LoRA: the logical model name goes to the current adapter
+                raw = json.dumps({**body, "model": adapter[0], **token_request_fields(kind, body)}).encode()
+            else:
+                raw = _with_fields(raw, body, token_request_fields(kind, body))
         call = _Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
+        if kind is not None:
+            call.adapter = self.served.get(body.get("model"))
         key = request.headers.get("Idempotency-Key")
         if key and kind is not None:
             return await self._once(key, request, path, raw, call)
@@ -236,7 +260,7 @@ class Gateway:
         self._inflight[key] = future
         try:
             response = await self._forward(request, path, raw, call, buffer=True)
-            result = (response.status, {"Content-Type": response.content_type}, response.body)
+            result = (response.status, {"Content-Type": response.content_type, **self._headers(call)}, response.body)
             if response.status < 500:
                 self._completed[key] = (now + _IDEMPOTENCY_TTL_S, *result)
                 if len(self._completed) > _IDEMPOTENCY_MAX:
@@ -258,39 +282,62 @@ class Gateway:
         for attempt in range(self.config.retries + 1):
             if attempt:
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
-            call.upstream = replicas[attempt % len(replicas)]
+            call.upstream = upstream = replicas[attempt % len(replicas)]
+            await upstream.gate.wait()  # closed while a swap drains this replica
+            upstream.inflight += 1
+            if call.adapter is not None:
+                self.adapter_inflight[call.adapter[0]] += 1
+            call.version = call.adapter[1] if call.adapter is not None else upstream.version
             try:
-                reply = await self.session.request(request.method, call.upstream.url + path, data=raw, headers=headers,
-                                                   params=request.query)  # fmt: skip
-            except asyncio.TimeoutError:
-                self._record(call, None, error="upstream timed out")
-                return _json(504, "upstream timed out", "upstream_timeout")
-            except ClientError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                continue
-            if reply.status >= 500:
-                error = f"upstream answered {reply.status}"
-                reply.release()
-                continue
-            try:
-                if call.streaming and not buffer and reply.status == 200:
-                    return await self._stream(request, reply, call)
-                payload = await reply.read()
-            except (ClientError, asyncio.TimeoutError) as exc:
-                self._record(call, None, error=f"upstream failed mid-response: {exc}")
-                return _json(502, "upstream failed mid-response", "upstream_error")
+                outcome = await self._attempt(request, path, raw, headers, call, buffer)
             finally:
-                reply.release()
-            ok = reply.status == 200
-            # The span is built after the response is on its way: recording adds no latency.
-            asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
-                                                 None if ok else f"upstream answered {reply.status}")  # fmt: skip
-            return web.Response(status=reply.status, body=payload, content_type=reply.content_type)
+                upstream.inflight -= 1
+                if call.adapter is not None:
+                    self.adapter_inflight[call.adapter[0]] -= 1
+                async with self.idle:
+                    self.idle.notify_all()
+            if isinstance(outcome, web.StreamResponse):
+                return outcome
+            error = outcome
         self._record(call, None, error=f"upstream unavailable: {error}")
         return _json(502, f"upstream unavailable: {error}", "upstream_unavailable")
 
+    async def _attempt(self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call,
+                       buffer: bool) -> web.StreamResponse | str:  # fmt: skip
+        """One try on call.upstream: the response, or the error string of a retryable failure."""
+        try:
+            reply = await self.session.request(request.method, call.upstream.url + path, data=raw, headers=headers,
+                                               params=request.query)  # fmt: skip
+        except asyncio.TimeoutError:
+            self._record(call, None, error="upstream timed out")
+            return _json(504, "upstream timed out", "upstream_timeout")
+        except ClientError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if reply.status >= 500:
+            reply.release()
+            return f"upstream answered {reply.status}"
+        try:
+            if call.streaming and not buffer and reply.status == 200:
+                return await self._stream(request, reply, call)
+            payload = await reply.read()
+        except (ClientError, asyncio.TimeoutError) as exc:
+            self._record(call, None, error=f"upstream failed mid-response: {exc}")
+            return _json(502, "upstream failed mid-response", "upstream_error")
+        finally:
+            reply.release()
+        ok = reply.status == 200
+        # The span is built after the response is on its way: recording adds no latency.
+        asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
+                                             None if ok else f"upstream answered {reply.status}")  # fmt: skip
+        return web.Response(status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call))
+
+    @staticmethod
+    def _headers(call: _Call) -> dict[str, str]:
+        return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
+
     async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:  # noqa: ANN001
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                           **self._headers(call)})  # fmt: skip
         await response.prepare(request)
         events = _SSEParser(StreamAccumulator(call.kind))
         error = None
@@ -320,8 +367,8 @@ class Gateway:
             attributes[schema.INPUT_MIME_TYPE] = "application/json"
             parameters = {k: v for k, v in call.body.items() if k not in ("messages", "prompt")}
             attributes[schema.LLM_INVOCATION_PARAMETERS] = json.dumps(parameters)
-        if call.upstream is not None and call.upstream.version is not None:
-            attributes[schema.POLICY_VERSION] = call.upstream.version
+        if call.version is not None:
+            attributes[schema.POLICY_VERSION] = call.version
         if payload is not None and call.streaming:  # a buffered stream (an idempotent replay)
             events = _SSEParser(StreamAccumulator(call.kind))
             events.feed(payload + b"\n")

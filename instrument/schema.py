@@ -83,10 +83,25 @@ MERGE_CHAIN = "lightning.merge.chain"  # int: chain index within the rollout
 MERGE_PREV_SPAN = "lightning.merge.prev_span_id"
 MERGE_NEXT_SPAN = "lightning.merge.next_span_id"
 
+# --- training steps: one span per optimizer step, written by the training job ---------------------
+TRAIN_STEP = "lightning.train.step"  # int
+TRAIN_VERSION = "lightning.train.version"  # the policy version the step produced
+TRAIN_ROLLOUTS = "lightning.train.rollouts"
+TRAIN_SAMPLES = "lightning.train.samples"
+TRAIN_MEAN_REWARD = "lightning.train.mean_reward"
+TRAIN_LOSS = "lightning.train.loss"
+TRAIN_CLIP_FRACTION = "lightning.train.clip_fraction"
+TRAIN_ENTROPY = "lightning.train.entropy"
+TRAIN_KL = "lightning.train.kl"
+TRAIN_GRAD_NORM = "lightning.train.grad_norm"
+TRAIN_SWAP_SECONDS = "lightning.train.swap_seconds"
+TRAIN_MERGE_RATE = "lightning.train.merge_rate"
+
 # Span names we create.
 SPAN_ROLLOUT = "rollout"
 SPAN_REWARD = "reward"
 SPAN_MERGE_BOUNDARY = "merge_boundary"
+SPAN_TRAIN_STEP = "train_step"
 
 # The attributes copied from the rollout context onto every span started inside a rollout.
 ROLLOUT_CONTEXT_ATTRIBUTES = (ROLLOUT_ID, TASK_ID, ATTEMPT)
@@ -116,4 +131,16 @@ LIGHTNING_ATTRIBUTES = (
     MERGE_CHAIN,
     MERGE_PREV_SPAN,
     MERGE_NEXT_SPAN,
+    TRAIN_STEP,
+    TRAIN_VERSION,
+    TRAIN_ROLLOUTS,
+    TRAIN_SAMPLES,
+    TRAIN_MEAN_REWARD,
+    TRAIN_LOSS,
+    TRAIN_CLIP_FRACTION,
+    TRAIN_ENTROPY,
+    TRAIN_KL,
+    TRAIN_GRAD_NORM,
+    TRAIN_SWAP_SECONDS,
+    TRAIN_MERGE_RATE,
 )

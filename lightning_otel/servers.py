@@ -185,6 +185,8 @@ class VLLMServer(ManagedProcess):
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 300.0,
         tool_call_parser: str | None = "pythonic",
+        lora_rank: int = 0,
+        dtype: str = "float32",
     ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s)
         self.model_dir = Path(model_dir)
@@ -192,6 +194,8 @@ class VLLMServer(ManagedProcess):
         # forced or required call to the tool's JSON schema, which works for any model, the tiny
         # test model included; use your model's own parser (e.g. "hermes") for free-form calls.
         self.tool_call_parser = tool_call_parser
+        self.lora_rank = lora_rank  # > 0: LoRA adapters up to this rank can be loaded at run time
+        self.dtype = dtype  # float32 here keeps server and trainer logprobs equal to ~1e-6
         self.served_model_name = served_model_name
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
@@ -207,11 +211,12 @@ class VLLMServer(ManagedProcess):
             "--model", str(self.model_dir),
             "--served-model-name", self.served_model_name,
             "--host", self.host, "--port", str(self.port),
-            "--dtype", "float32",
+            "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len),
             "--logprobs-mode", "processed_logprobs",
             "--seed", "0",
             *(["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser] if self.tool_call_parser else []),
+            *(["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"] if self.lora_rank else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -225,4 +230,6 @@ class VLLMServer(ManagedProcess):
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
+        if self.lora_rank:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return env

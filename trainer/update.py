@@ -28,24 +28,8 @@ from lightning_otel.trainer.objective import (
     truncated_importance_weights,
     weighted_loss,
 )
+from lightning_otel.trainer.config import UpdateConfig
 from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
-
-
-@dataclass
-class UpdateConfig:
-    learning_rate: float = 1e-4
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    scale_by_std: bool = True  # z-score advantages within a task (False: mean-only, Dr. GRPO)
-    advantage_level: str = "rollout"  # or "sample" (ablation)
-    normalization: str = "rollout"  # "rollout" | "sample" | "batch_token" | "fixed_length"
-    fixed_length: int | None = None  # L for fixed_length (default: the longest sample's generated tokens)
-    tis_cap: float | None = None  # truncated importance sampling against the trainer's own old logprobs
-    kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model
-    layout: str = "shared_prefix"  # "sorted" | "packed" | "shared_prefix" (layout.py)
-    pack_length: int | None = None  # tokens per packed / shared-prefix row
-    micro_batch_size: int = 4  # rows per forward/backward (shared-prefix rows hold a whole task group)
-    max_grad_norm: float = 1.0
 
 
 @dataclass(frozen=True)
