@@ -26,14 +26,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from lightning_otel.collector.config import DEFAULT_MAX_BODY
 from lightning_otel.collector.ingest import Ingestor, Overloaded
 from lightning_otel.collector.otlp_json import decode_json, encode_json
-from lightning_otel.collector.query import check_read_only, sandboxed_connect
+from lightning_otel.collector.query import MAX_QUERY_ROWS, run_query
 from lightning_otel.collector.spans_table import decode_request
 from lightning_otel.collector.wal import GZIP
 
 log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
-MAX_QUERY_ROWS = 100_000
 
 
 class BodyTooLarge(ValueError):
@@ -165,21 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
         if raw is None:
             return
         try:
-            sql = json.loads(raw)["sql"]
-            if not isinstance(sql, str):
-                raise ValueError("'sql' must be a string")
-            check_read_only(sql)
-            conn = sandboxed_connect(self.server.data_dir)
-            try:
-                result = conn.execute(sql)
-                columns = [d[0] for d in result.description] if result.description else []
-                rows = result.fetchmany(MAX_QUERY_ROWS + 1)
-            finally:
-                conn.close()
+            payload = run_query(self.server.data_dir, json.loads(raw)["sql"], MAX_QUERY_ROWS)
         except (ValueError, KeyError, TypeError, duckdb.Error) as exc:
             self._reply(400, json.dumps({"error": str(exc)}).encode(), JSON)
             return
-        payload = {"columns": columns, "rows": rows[:MAX_QUERY_ROWS], "truncated": len(rows) > MAX_QUERY_ROWS}
         self._reply(200, json.dumps(payload, default=str).encode(), JSON)
 
 

@@ -19,7 +19,8 @@ Views (docs/sql.md has columns and examples):
 
 `sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
 or extension access outside the trace store, settings locked, and `check_read_only` refuses any
-statement that is not a query.
+statement that is not a query. `run_query` is the two together, the one way SQL from the network
+runs (the collector's and the dashboard's POST /v1/query).
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ def view_statements(source: str) -> list[str]:
         f"""CREATE OR REPLACE VIEW train_steps AS
             SELECT start_time AS time, service_name,
                    {", ".join(f"TRY_CAST(attributes[{_literal(attr)}] AS {kind}) AS {column}" for column, attr, kind in _TRAIN_COLUMNS)}
+                   , from_json(attributes[{_literal(schema.TRAIN_SAMPLES_PER_ROLLOUT)}], '["BIGINT"]') AS samples_per_rollout
             FROM spans WHERE name = {_literal(schema.SPAN_TRAIN_STEP)}""",
         f"""CREATE OR REPLACE VIEW rollouts AS
             WITH members AS (
@@ -196,3 +198,26 @@ def check_read_only(sql: str) -> None:
         raise ValueError("exactly one statement is allowed")
     if statements[0].type not in _READ_ONLY:
         raise ValueError(f"only queries are allowed, not {statements[0].type.name}")
+
+
+MAX_QUERY_ROWS = 100_000
+
+
+def run_query(data_dir: str | os.PathLike, sql: str, max_rows: int = MAX_QUERY_ROWS) -> dict:
+    """One read-only statement from the network, on a sandboxed connection opened for it alone:
+    `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows).
+
+    Raises ValueError for anything but one query and duckdb.Error for a failing one (both are the
+    caller's 400). Shared by the collector's and the dashboard's POST /v1/query, so both have the
+    same sandbox and the same reply."""
+    if not isinstance(sql, str):
+        raise ValueError("'sql' must be a string")
+    check_read_only(sql)
+    conn = sandboxed_connect(data_dir)
+    try:
+        result = conn.execute(sql)
+        columns = [d[0] for d in result.description] if result.description else []
+        rows = result.fetchmany(max_rows + 1) if columns else []
+    finally:
+        conn.close()
+    return {"columns": columns, "rows": [list(row) for row in rows[:max_rows]], "truncated": len(rows) > max_rows}

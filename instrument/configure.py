@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 import threading
+import uuid
 from dataclasses import dataclass, field
 
 import wrapt
@@ -26,6 +27,7 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
 from lightning_otel.instrument import options as options_module
+from lightning_otel.instrument import rollouts as rollouts_module
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.integrations import ALL as INTEGRATIONS
 from lightning_otel.instrument.options import CAPTURE_MODES, Options
@@ -40,9 +42,11 @@ DEFAULT_EXPORT_TIMEOUT_S = 5.0  # bounds how long interpreter exit waits for a c
 
 
 class _CountingExporter(OTLPSpanExporter):
+    handed = 0  # spans the batch processor passed to export(), delivered or not
     failed = 0
 
     def export(self, spans):  # noqa: ANN001, ANN201
+        self.handed += len(spans)
         result = super().export(spans)
         if result != SpanExportResult.SUCCESS:
             self.failed += len(spans)
@@ -50,16 +54,25 @@ class _CountingExporter(OTLPSpanExporter):
 
 
 class _CountingBatchSpanProcessor(BatchSpanProcessor):
-    """BatchSpanProcessor that counts the spans it drops because its queue is full."""
+    """BatchSpanProcessor that knows how many spans its full queue dropped.
 
-    dropped = 0
+    The SDK's own "queue full" check races with its export thread (a span it calls dropped may
+    still be exported), so drops are derived instead: spans queued, minus spans handed to the
+    exporter, minus spans still waiting. Exact once flushed; while spans are in flight the
+    count can briefly include a batch being handed over.
+    """
+
+    queued = 0
 
     def on_end(self, span) -> None:  # noqa: ANN001
         batch = getattr(self, "_batch_processor", None)
-        queue, limit = getattr(batch, "_queue", None), getattr(batch, "_max_queue_size", None)
-        if queue is not None and limit is not None and len(queue) >= limit:
-            self.dropped += 1
+        if span.context and span.context.trace_flags.sampled and not getattr(batch, "_shutdown", False):
+            self.queued += 1
         super().on_end(span)
+
+    def dropped(self, exporter: _CountingExporter) -> int:
+        waiting = len(getattr(getattr(self, "_batch_processor", None), "_queue", ()))
+        return max(0, self.queued - exporter.handed - waiting)
 
 
 @dataclass
@@ -79,7 +92,7 @@ class Instrumentation:
     @property
     def dropped_spans(self) -> int:
         """Spans dropped because the export queue was full (the collector could not keep up)."""
-        return self._processor.dropped if self._processor else 0
+        return self._processor.dropped(self._exporter) if self._processor and self._exporter else 0
 
     @property
     def failed_spans(self) -> int:
@@ -150,7 +163,8 @@ def instrument(
         else:
             name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
             limits = SpanLimits(max_attribute_length=max_attribute_length) if max_attribute_length else None
-            provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: name}), span_limits=limits)
+            resource = Resource.create({schema.SERVICE_NAME: name, schema.SERVICE_INSTANCE_ID: uuid.uuid4().hex})
+            provider = TracerProvider(resource=resource, span_limits=limits)
             trace.set_tracer_provider(provider)
         provider.add_span_processor(LightningSpanProcessor())
         exporter = _CountingExporter(endpoint=url, timeout=_timeout())
@@ -159,6 +173,7 @@ def instrument(
         enabled = [integration.NAME for integration in INTEGRATIONS if _arm(integration, provider, chosen)]
         log.info("lightning_otel: exporting to %s; integrations: %s", url, ", ".join(enabled) or "none")
         _state = Instrumentation(provider, url, enabled, chosen, processor, exporter)
+        rollouts_module.dropped_spans = lambda: processor.dropped(exporter)
         return _state
 
 

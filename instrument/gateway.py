@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -282,8 +283,11 @@ class Gateway:
         for attempt in range(self.config.retries + 1):
             if attempt:
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
-            call.upstream = upstream = replicas[attempt % len(replicas)]
-            await upstream.gate.wait()  # closed while a swap drains this replica
+            upstream = replicas[attempt % len(replicas)]
+            if not upstream.gate.is_set():  # swapping: another open replica rather than waiting
+                upstream = next((u for u in replicas if u.gate.is_set() and u.healthy), upstream)
+            call.upstream = upstream
+            await upstream.gate.wait()  # closed while a swap drains this replica (all closed: wait)
             upstream.inflight += 1
             if call.adapter is not None:
                 self.adapter_inflight[call.adapter[0]] += 1
@@ -369,6 +373,11 @@ class Gateway:
             attributes[schema.LLM_INVOCATION_PARAMETERS] = json.dumps(parameters)
         if call.version is not None:
             attributes[schema.POLICY_VERSION] = call.version
+        if call.upstream is not None:
+            address = urllib.parse.urlsplit(call.upstream.url)
+            attributes[schema.SERVER_ADDRESS] = address.hostname or ""
+            if address.port:
+                attributes[schema.SERVER_PORT] = address.port
         if payload is not None and call.streaming:  # a buffered stream (an idempotent replay)
             events = _SSEParser(StreamAccumulator(call.kind))
             events.feed(payload + b"\n")

@@ -47,15 +47,18 @@ async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
     weights, version, rollback = body["weights_path"], str(body["version"]), body["rollback_path"]
     replicas = []
     for upstream in gateway.upstreams:
-        upstream.gate.clear()  # new requests for this replica now wait in the gateway
+        upstream.gate.clear()  # new requests go to another replica, or wait in the gateway
+        closed_ns = time.time_ns()
         try:
             waited = await _drained(gateway.idle, lambda u=upstream: u.inflight > 0)
             admin = VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key)
             report = await asyncio.to_thread(hot_swap, admin, weights, version, rollback)
             upstream.version, upstream.version_owned = version, True
-            replicas.append({"url": upstream.url, "drain_s": waited, "swap_s": report.seconds})
         finally:
+            opened_ns = time.time_ns()
             upstream.gate.set()
+        replicas.append({"url": upstream.url, "drain_s": waited, "swap_s": report.seconds,
+                         "closed_ns": closed_ns, "opened_ns": opened_ns})  # fmt: skip
     return {"mode": "full", "version": version, "replicas": replicas}
 
 

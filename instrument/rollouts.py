@@ -62,6 +62,10 @@ class LightningSpanProcessor(SpanProcessor):
             span.set_attributes(current.attributes())
 
 
+# Set by instrument(): the process's count of spans dropped at a full export queue.
+dropped_spans: Callable[[], int] | None = None
+
+
 @contextmanager
 def rollout(
     task_id: str,
@@ -81,12 +85,14 @@ def rollout(
         **current.attributes(),
         **(attributes or {}),
     }
-    with _tracer().start_as_current_span(name, attributes=span_attributes):
+    with _tracer().start_as_current_span(name, attributes=span_attributes) as span:
         token = context_api.attach(context_api.set_value(_ROLLOUT_KEY, current))
         try:
             yield current
         finally:
             context_api.detach(token)
+            if dropped_spans is not None:  # so the store can show what the agent lost
+                span.set_attribute(schema.SDK_DROPPED_SPANS, dropped_spans())
 
 
 def reward(

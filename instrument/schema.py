@@ -42,6 +42,9 @@ KIND_EVALUATOR = "EVALUATOR"  # a reward is an evaluation of the rollout
 
 # OpenTelemetry resource attribute.
 SERVICE_NAME = "service.name"
+# OpenTelemetry semantic conventions: the server that answered (the gateway's replica).
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
 
 # --- lightning.* : rollout identity (set on the rollout span and copied onto every span
 # started inside it, so SQL can group any span by rollout without walking the tree) --------
@@ -96,6 +99,14 @@ TRAIN_KL = "lightning.train.kl"
 TRAIN_GRAD_NORM = "lightning.train.grad_norm"
 TRAIN_SWAP_SECONDS = "lightning.train.swap_seconds"
 TRAIN_MERGE_RATE = "lightning.train.merge_rate"
+# int[]: element k = how many of the step's rollouts became k + 1 training samples
+TRAIN_SAMPLES_PER_ROLLOUT = "lightning.train.samples_per_rollout"
+
+# --- the SDK's own health, on each rollout root span --------------------------------------------
+# Spans this process dropped so far (export queue full), cumulative; with the resource's
+# service.instance.id, SQL sums the latest value per process.
+SDK_DROPPED_SPANS = "lightning.sdk.dropped_spans"
+SERVICE_INSTANCE_ID = "service.instance.id"  # OpenTelemetry resource attribute, one per process
 
 # Span names we create.
 SPAN_ROLLOUT = "rollout"
@@ -143,4 +154,6 @@ LIGHTNING_ATTRIBUTES = (
     TRAIN_GRAD_NORM,
     TRAIN_SWAP_SECONDS,
     TRAIN_MERGE_RATE,
+    TRAIN_SAMPLES_PER_ROLLOUT,
+    SDK_DROPPED_SPANS,
 )

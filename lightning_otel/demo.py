@@ -1,98 +1,141 @@
-"""`lightning-otel demo`: the whole loop, for real, on this machine's CPU.
+"""`lightning-otel demo`: the whole loop, for real, on this machine's CPU, on a checkable task.
 
-collector + vLLM start -> the instrumented example agent runs rollouts (its own process, OTLP
-to the collector) -> SQL selects the iteration's rollouts -> one rollout-level GRPO step ->
-the new weights are hot-swapped into vLLM and checked with a logprob probe -> repeat.
+1. Build the tiny model (offline: our own BPE tokenizer, a small Qwen2) and warm it up with a short
+   SFT (TRL's SFTTrainer on digit_sum's format), so that some rollouts earn reward from the start.
+2. Start the collector and vLLM (serving the warmed model).
+3. Each iteration: the instrumented example agent (demo_agent.py, its own process, OTLP to the
+   collector) runs a group of rollouts per task, with a tool step and retries -> the scheduled
+   training job's run (`lightning-otel train`: SQL selects the rollouts not trained on yet,
+   rollout-level GRPO step, checkpoint, hot-swap into vLLM, logprob probe; its train_step and
+   merge_boundary spans go into the same store) -> one row of the table.
+4. At the end: the reward per policy version (from SQL), a report (PNG plots + Markdown), and the
+   command that opens the dashboard on the traces.
 Everything started here is stopped on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>11} | {:>9} | {:>7} | {:>10}"
-HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "mean reward", "grad norm", "swap s", "probe diff")
+ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>11} | {:>8} | {:>7}"
+HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "mean reward", "loss", "swap s")
+# The loss column is near zero by construction: group-normalized advantages sum to zero per task.
+DASHBOARD_PORT = 8050
 
 
-def _wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int, timeout_s: float = 60.0) -> None:
+def _wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int, timeout_s: float = 60.0) -> tuple[int, int]:
+    """Wait until the iteration's rewarded rollouts are queryable; (rollouts, llm calls)."""
     from lightning_otel.collector import connect
 
     deadline = time.monotonic() + timeout_s
-    query = f"SELECT count(*) FROM rollouts WHERE reward IS NOT NULL AND start_time >= to_timestamp({since_epoch})"
+    query = ("SELECT count(*), coalesce(sum(llm_calls), 0) FROM rollouts "
+             f"WHERE reward IS NOT NULL AND start_time >= to_timestamp({since_epoch})")  # fmt: skip
     while True:
-        count = connect(data_dir).execute(query).fetchone()[0]
+        count, calls = connect(data_dir).execute(query).fetchone()
         if count >= expected:
-            return
+            return count, int(calls)
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {count} of {expected} rollouts reached the store within {timeout_s:.0f} s")
         time.sleep(0.25)
 
 
-def _tasks(n: int) -> list[str]:
-    return [f"{(3 * i + 1) % 10}+{(7 * i + 4) % 10}" for i in range(n)]
+def _train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate: float):  # noqa: ANN001, ANN202
+    from lightning_otel.trainer.config import CheckpointSection, ModelSection, SelectionSection, ServerSection
+    from lightning_otel.trainer.config import StoreSection, TrainConfig, UpdateConfig
+
+    return TrainConfig(
+        store=StoreSection(data_dir=str(workdir / "traces"), otlp_endpoint=collector.traces_endpoint),
+        model=ModelSection(base=str(policy_dir), served_model_name=vllm.served_model_name),
+        server=ServerSection(replicas=[vllm.url]),
+        # min_age_s=0: the demo waits for every rollout of the iteration itself (a cron job would not)
+        selection=SelectionSection(min_age_s=0.0, max_rollouts=10_000),
+        update=UpdateConfig(learning_rate=learning_rate, micro_batch_size=64),
+        checkpoints=CheckpointSection(dir=str(workdir / "train-state"), keep=2),
+    )
 
 
-def run_demo(workdir: str | Path, iterations: int = 3, tasks: int = 4, rollouts_per_task: int = 4) -> int:
-    import os
-
-    from transformers import AutoTokenizer
-    from transformers.utils import logging as transformers_logging
-
+def _reward_by_version(data_dir: Path) -> list[tuple]:
     from lightning_otel.collector import connect
-    from lightning_otel.servers import CollectorProcess, VLLMServer
-    from lightning_otel.trainer import PolicyTrainer, UpdateConfig, VLLMAdmin, probe_max_diff
+
+    return connect(data_dir).execute("""
+        SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward,
+               avg((reward = 1)::INT) AS solved
+        FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1
+        GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""").fetchall()
+
+
+def _prepare_model(workdir: Path, sft_steps: int) -> Path:
+    from lightning_otel import digit_sum
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
+    base, warm = workdir / "model", workdir / "sft"
+    if not (base / "config.json").exists():
+        print(f"building the tiny model in {base}", flush=True)
+        build_tiny_model(base)
+    if sft_steps and not (warm / "config.json").exists():
+        began = time.perf_counter()
+        digit_sum.sft_warmup(base, warm, steps=sft_steps)
+        print(f"SFT warm-up: {sft_steps} steps in {time.perf_counter() - began:.0f} s -> {warm}", flush=True)
+    return warm if sft_steps else base
+
+
+def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts_per_task: int = 8,
+             sft_steps: int = 40, learning_rate: float = 2e-3, seed: int = 0) -> int:  # fmt: skip
+    from transformers.utils import logging as transformers_logging
+
+    from lightning_otel import digit_sum
+    from lightning_otel.servers import CollectorProcess, VLLMServer
+    from lightning_otel.trainer.training_run import run_once
+
     transformers_logging.disable_progress_bar()  # keep the table readable
+    transformers_logging.set_verbosity_error()
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    model_dir = workdir / "model"
-    if not (model_dir / "config.json").exists():
-        print(f"building the tiny model in {model_dir}", flush=True)
-        build_tiny_model(model_dir)
+    began = time.perf_counter()
+    policy_dir = _prepare_model(workdir, sft_steps)
     data_dir = workdir / "traces"
-    collector = CollectorProcess(data_dir, log_path=workdir / "collector.log")
-    vllm = VLLMServer(model_dir, log_path=workdir / "vllm.log")
+    collector = CollectorProcess(data_dir, flush_interval_s=0.5, log_path=workdir / "collector.log")
+    vllm = VLLMServer(policy_dir, log_path=workdir / "vllm.log")
+    rng = random.Random(seed)
     try:
         print(f"starting collector and vLLM (logs in {workdir})", flush=True)
         collector.start()
-        started = time.perf_counter()
         vllm.start()
-        print(f"vLLM up in {time.perf_counter() - started:.0f} s at {vllm.base_url}", flush=True)
-        admin = VLLMAdmin(vllm.url)
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        probe_text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False
-        )
-        probe_ids = tokenizer.encode(probe_text, add_special_tokens=False)
-        trainer = PolicyTrainer(model_dir, workdir, UpdateConfig(learning_rate=2e-3))
-        agent_env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.traces_endpoint}
-        task_list = _tasks(tasks)
+        config = _train_config(workdir, policy_dir, collector, vllm, learning_rate)
+        agent_env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.traces_endpoint}
         print(HEADER, flush=True)
         for iteration in range(1, iterations + 1):
             since = time.time()
+            task_list = [f"{a}+{b}" for a, b in rng.sample(digit_sum.TRAIN, tasks)]
             subprocess.run(
                 [sys.executable, "-m", "lightning_otel.demo_agent", "--base-url", vllm.base_url,
                  "--tasks", ",".join(task_list), "--rollouts", str(rollouts_per_task)],
-                env=agent_env, check=True, stdout=subprocess.DEVNULL,
+                env={**os.environ, **agent_env}, check=True, stdout=subprocess.DEVNULL,
             )  # fmt: skip
-            _wait_for_rollouts(data_dir, since, len(task_list) * rollouts_per_task)
-            result = trainer.step(connect(data_dir), where=f"start_time >= to_timestamp({since})")
-            swap = trainer.swap_into(admin)
-            diff = probe_max_diff(admin, vllm.served_model_name, trainer.model, probe_ids)
-            row = ROW.format(
-                iteration, len(result.selection.rollouts), result.selection.llm_calls,
-                f"{result.batch.samples_per_rollout:.2f}", f"{result.mean_reward:.3f}",
-                f"{result.metrics['grad_norm']:.3f}", f"{swap.seconds:.2f}", f"{diff:.1e}",
-            )  # fmt: skip
-            print(row, flush=True)
-            if diff > 1e-4:
-                print(f"error: vLLM serves logprobs {diff:.2e} away from the trainer's after the swap", file=sys.stderr)
-                return 1
-        print(f"done: traces in {data_dir}; try: lightning-otel sql --data-dir {data_dir} 'SELECT * FROM rollouts'")
+            rollouts, calls = _wait_for_rollouts(data_dir, since, len(task_list) * rollouts_per_task)
+            summary = run_once(config)  # raises JobFailed (servers restored) if the swap or probe fails
+            if summary.status != "trained":
+                raise RuntimeError(f"the training run did not train: {summary.status}, excluded {summary.excluded}")
+            print(ROW.format(iteration, rollouts, calls, f"{summary.samples / summary.rollouts:.2f}",
+                             f"{summary.mean_reward:.3f}", f"{summary.loss:+.1e}", f"{summary.swap_seconds:.2f}"),
+                  flush=True)  # fmt: skip
+        _wait_for_train_steps(data_dir, iterations)
+        print("\nreward by the policy version that served the rollout (SQL over the traces):")
+        print(f"{'version':>7} | {'rollouts':>8} | {'mean reward':>11} | {'solved':>6}")
+        for version, count, mean_reward, solved in _reward_by_version(data_dir):
+            print(f"{version:>7} | {count:>8} | {mean_reward:>11.3f} | {solved:>6.1%}")
+        from lightning_otel.dashboards.report import write_report
+
+        report = write_report(data_dir, workdir / "report")
+        print(f"\ndone in {time.perf_counter() - began:.0f} s; traces in {data_dir}")
+        print(f"report:    {report}")
+        print(f"dashboard: lightning-otel dashboard --data-dir {data_dir} --tokenizer {policy_dir} --port {DASHBOARD_PORT}"
+              f"  -> http://127.0.0.1:{DASHBOARD_PORT}/")
         return 0
     except KeyboardInterrupt:
         print("interrupted; stopping everything the demo started", file=sys.stderr)
@@ -100,3 +143,14 @@ def run_demo(workdir: str | Path, iterations: int = 3, tasks: int = 4, rollouts_
     finally:
         vllm.stop()
         collector.stop()
+
+
+def _wait_for_train_steps(data_dir: Path, expected: int, timeout_s: float = 30.0) -> None:
+    """The trainer's train_step spans travel through the collector like any other: wait for them."""
+    from lightning_otel.collector import connect
+
+    deadline = time.monotonic() + timeout_s
+    while connect(data_dir).execute("SELECT count(*) FROM train_steps").fetchone()[0] < expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {expected} train_step spans reached the store within {timeout_s:.0f} s")
+        time.sleep(0.25)

@@ -1,8 +1,13 @@
 """The demo's example agent: a plain OpenAI-SDK harness, instrumented with one call.
 
-Each rollout: the model is asked a sum, replies; the harness runs an `add` tool and appends
-its result as a tool message; the model answers again; the answer is scored. Two LLM calls with
-a tool step between them, which is the shape the trainer's merge rule is about.
+Task: "What is a + b?" (digit_sum.py: the reply must read "The answer is <a+b>.").
+Each rollout asks the model; a `check_answer` tool step reads the reply; while the reply is not in
+the format the harness asks again, up to three calls:
+- the second call continues the conversation (the reply and a reminder appended), so its prompt
+  extends the first call's tokens and the trainer can merge the two into one sample;
+- the third call starts over in a rewritten context (digit_sum's follow-up), which never extends
+  the previous tokens: a failed merge, which the dashboards show with its first divergent token.
+The reward scores the last reply. That gives the trainer rollouts of one, two and three calls.
 
     python -m lightning_otel.demo_agent --base-url http://127.0.0.1:8000/v1 --tasks 3+4,2+5 --rollouts 4
 """
@@ -10,37 +15,36 @@ a tool step between them, which is the shape the trainer's merge rule is about.
 from __future__ import annotations
 
 import argparse
-import re
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
 import lightning_otel
+from lightning_otel import digit_sum
 
-SYSTEM = "You are a calculator agent. Call the add tool, then reply with the result as a number."
+REMINDER = "Reply exactly as: The answer is <number>."
 
 
 @lightning_otel.tool
-def add(a: int, b: int) -> int:
-    return a + b
-
-
-def score(answer: str, expected: int) -> float:
-    """1 for the right number; otherwise partial credit for answering in digits at all."""
-    if re.search(rf"(?<!\d){expected}(?!\d)", answer):
-        return 1.0
-    digits = sum(ch.isdigit() for ch in answer)
-    return 0.5 * digits / max(1, len(answer))
+def check_answer(reply: str) -> bool:
+    """The harness's tool step: is the reply in the format the task asks for?"""
+    return digit_sum.formatted(reply)
 
 
 def run_rollout(client: openai.OpenAI, model: str, a: int, b: int, max_tokens: int) -> float:
-    with lightning_otel.rollout(task_id=f"add-{a}-{b}"):
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} + {b}?"}]
-        first = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=1.0)
-        messages.append({"role": "assistant", "content": first.choices[0].message.content or ""})
-        messages.append({"role": "tool", "content": str(add(a, b))})
-        final = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=1.0)
-        value = score(final.choices[0].message.content or "", a + b)
+    with lightning_otel.rollout(task_id=f"{a}+{b}"):
+        messages = digit_sum.messages(a, b)
+        reply = ""
+        for call in range(3):
+            if call == 1:  # continue the conversation: the prompt extends the last call's tokens
+                messages = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": REMINDER}]
+            elif call == 2:  # start over in a rewritten context: never a prefix extension
+                messages = digit_sum.follow_up(a, b, reply)
+            response = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=1.0)
+            reply = response.choices[0].message.content or ""
+            if check_answer(reply):
+                break
+        value = digit_sum.reward(reply, a, b)
         lightning_otel.reward(value)
         return value
 
@@ -50,9 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", default="policy")
     parser.add_argument("--tasks", required=True, help="comma-separated sums, e.g. 3+4,2+5")
-    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per task")
-    parser.add_argument("--max-tokens", type=int, default=12)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--rollouts", type=int, default=4, help="rollouts per task (the GRPO group size)")
+    parser.add_argument("--max-tokens", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=8)
     args = parser.parse_args(argv)
 
     instrumentation = lightning_otel.instrument(service_name="demo-agent")

@@ -30,6 +30,10 @@ def answer(a: int, b: int) -> str:
     return f"The answer is {a + b}."
 
 
+def formatted(text: str) -> bool:
+    return _FORMAT.match(text) is not None
+
+
 def reward(text: str, a: int, b: int) -> float:
     match = _FORMAT.match(text)
     if match is None:
@@ -39,16 +43,17 @@ def reward(text: str, a: int, b: int) -> float:
 
 def sft_warmup(model_dir: str | Path, out_dir: str | Path, steps: int = 40, learning_rate: float = 2e-3, seed: int = 0) -> Path:
     """A short supervised warm-up on the training pairs with TRL's SFTTrainer; saves to out_dir."""
-    from datasets import Dataset
+    from datasets import Dataset, disable_progress_bars
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
+    disable_progress_bars()  # a warm-up is a step of a larger run: keep its output quiet
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = [{"messages": messages(a, b) + [{"role": "assistant", "content": answer(a, b)}]} for a, b in TRAIN]
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "sft-checkpoints"), max_steps=steps, per_device_train_batch_size=16,
-        learning_rate=learning_rate, lr_scheduler_type="constant", logging_steps=max(1, steps // 4), save_strategy="no",
+        learning_rate=learning_rate, lr_scheduler_type="constant", logging_strategy="no", save_strategy="no",
         report_to=[], use_cpu=True, seed=seed, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
@@ -107,7 +112,7 @@ def evaluate(sampler: LocalSampler, pairs: list[tuple[int, int]], samples_per_pa
     return float(np.mean([reward(sampler.text(ids), a, b) for (ids, _), (a, b) in zip(results, owners)]))
 
 
-def _follow_up(a: int, b: int, previous: str) -> list[dict]:
+def follow_up(a: int, b: int, previous: str) -> list[dict]:
     """A rewritten context (a new conversation quoting the previous answer): never a prefix of the
     last call's sequence, so each call of a multi-call rollout becomes a sample of its own."""
     return [{"role": "system", "content": f"Check: {previous.strip()[:40]}"}] + messages(a, b)
@@ -115,7 +120,7 @@ def _follow_up(a: int, b: int, previous: str) -> list[dict]:
 
 def retry_unformatted(max_calls: int = 3):  # noqa: ANN201
     """A harness policy: ask again (in a rewritten context) while the answer is not in the format."""
-    return lambda a, b, text, calls: calls < max_calls and _FORMAT.match(text) is None
+    return lambda a, b, text, calls: calls < max_calls and not formatted(text)
 
 
 def run_rollouts(sampler: LocalSampler, pairs, group_size: int, again=None,  # noqa: ANN001
@@ -131,7 +136,7 @@ def run_rollouts(sampler: LocalSampler, pairs, group_size: int, again=None,  # n
     texts: dict[tuple, str] = {}
     active, turn = list(jobs), 0
     while active:
-        chats = [messages(a, b) if turn == 0 else _follow_up(a, b, texts[(a, b, g)]) for a, b, g in active]
+        chats = [messages(a, b) if turn == 0 else follow_up(a, b, texts[(a, b, g)]) for a, b, g in active]
         prompts = [sampler.prompt_ids(chat) for chat in chats]
         for job, prompt, (ids, logprobs) in zip(active, prompts, sampler.sample(prompts, seed=None if seed is None else seed + turn)):
             histories[job].append(LLMCall(f"{job}-{turn}", prompt, ids, logprobs, "0"))

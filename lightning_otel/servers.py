@@ -89,7 +89,10 @@ class ManagedProcess:
         return dict(os.environ)
 
     def start(self):  # noqa: ANN201 - returns self (subclass type)
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        if self.log_path is not None and str(self.log_path) == "-":
+            log = None  # the child writes to our stdout (containers: the log collector reads it)
+        else:
+            log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(
             self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

@@ -2,6 +2,8 @@
 
 - `tiny_model_dir`: the offline tiny model, built once per session.
 - `vllm_server`: one real vLLM(-cpu) server for the whole session (~30 s, ~3 GB to start).
+- `demo_run`: one real `lightning-otel demo` run, small (SFT warm-up, 2 train/swap iterations), whose
+  trace store the dashboard, Grafana and report tests read (~1.5 min, its own vLLM).
 - `session_collector` + `instrumented`: a real collector process, and this test process's
   `lightning_otel.instrument()` exporting to it (instrument() is once per process by design).
 """
@@ -9,6 +11,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,3 +58,31 @@ def instrumented(session_collector):
     instrumentation = lightning_otel.instrument(endpoint=session_collector.traces_endpoint, service_name="tests")
     yield instrumentation
     instrumentation.flush()  # before the collector stops, so nothing is left to export at exit
+
+
+@dataclass
+class DemoRun:
+    workdir: Path
+    output: str  # what the demo printed
+    returncode: int
+
+    @property
+    def data_dir(self) -> Path:
+        return self.workdir / "traces"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.workdir / "sft"  # the warmed-up policy the demo served, with its tokenizer
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> DemoRun:
+    workdir = tmp_path_factory.mktemp("demo")
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_otel", "demo", "--workdir", str(workdir),
+         "--iterations", "2", "--tasks", "4", "--rollouts", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
+    )  # fmt: skip
+    run = DemoRun(workdir, result.stdout, result.returncode)
+    assert run.returncode == 0, run.output[-4000:]
+    return run

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 
 def _processes_mentioning(text: str) -> list[int]:
     found = []
@@ -30,20 +32,32 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     )  # fmt: skip
 
 
-def test_demo_prints_a_row_per_iteration_and_stops_everything(tmp_path):
-    process = _demo(tmp_path, iterations=2)
-    output, _ = process.communicate(timeout=600)
-    assert process.returncode == 0, output
-    lines = output.splitlines()
+def test_demo_prints_a_row_per_iteration_a_reward_table_and_stops_everything(demo_run):
+    """The session's demo run (conftest: 2 iterations, 4 tasks x 4 rollouts) against its own store."""
+    from lightning_otel.collector import connect
+
+    lines = demo_run.output.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("iter |"))
     assert "samples/rollout" in lines[header] and "mean reward" in lines[header] and "swap s" in lines[header]
-    rows = [line.split("|") for line in lines[header + 1 :] if line.strip()[:1].isdigit()]
+    rows = [line.split("|") for line in lines[header + 1 : header + 3]]
+    conn = connect(demo_run.data_dir)
     assert [int(r[0]) for r in rows] == [1, 2]
-    for row in rows:
-        assert int(row[1]) == 4 and int(row[2]) == 8  # 2 tasks x 2 rollouts, 2 LLM calls each
-        assert 1.0 <= float(row[3]) <= 2.0
-        assert float(row[7]) < 1e-4  # the server serves what the trainer holds
-    assert _processes_mentioning(str(tmp_path)) == []
+    steps = conn.execute("SELECT step, rollouts, mean_reward FROM train_steps ORDER BY step").fetchall()
+    assert [s[0] for s in steps] == [1, 2]  # the trainer's metrics reached the same store
+    for row, (_, rollouts, mean_reward) in zip(rows, steps):
+        assert int(row[1]) == rollouts == 16  # 4 tasks x 4 rollouts, each trained exactly once
+        assert 1 <= int(row[2]) / 16 <= 3  # one to three LLM calls per rollout
+        assert float(row[4]) == pytest.approx(mean_reward, abs=5e-4)
+    # The reward table comes from SQL: every version that served rollouts, with its rollout count.
+    table = lines[lines.index(next(line for line in lines if line.startswith("version |"))) + 1 :][:3]
+    served = dict(conn.execute(
+        "SELECT policy_versions[1], count(*) FROM rollouts WHERE len(policy_versions) = 1 GROUP BY 1").fetchall())
+    assert {row.split("|")[0].strip(): int(row.split("|")[1]) for row in table} == served
+    assert len(served) == 3  # the warmed-up start, then versions 1 and 2 swapped in
+    report = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("report:"))
+    assert Path(report).is_file()
+    assert any(line.startswith("dashboard: lightning-otel dashboard --data-dir") for line in lines)
+    assert _processes_mentioning(str(demo_run.workdir)) == []
 
 
 def test_ctrl_c_stops_everything_the_demo_started(tmp_path):

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from helpers import wait_for
 from lightning_otel.collector import connect
+from lightning_otel.instrument import schema
 from lightning_otel.servers import GatewayProcess
 from lightning_otel.trainer.hotswap import model_prompt_logprobs
 from lightning_otel.vllm_admin import VLLMAdmin, hot_swap
@@ -109,3 +110,61 @@ def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, sessi
         "SELECT rollout_id, policy_version FROM llm_calls WHERE rollout_id LIKE 'load-%'").fetchall(),
         lambda r: len({x[0] for x in r} & set(ids)) == len(ids), timeout_s=30)  # fmt: skip
     assert {rid: v for rid, v in rows if rid in ids} == ids
+
+
+def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
+        vllm_server, session_collector, tiny_model_dir, tmp_path):  # fmt: skip
+    """Two vLLM replicas behind one gateway, clients sending all along, three coordinated swaps: each
+    replica swaps in turn, and every request that arrives while one is closed is served by the other
+    (its span's server.port says which), never queued behind the swap. Nothing fails."""
+    from lightning_otel.servers import VLLMServer
+
+    hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
+    with VLLMServer(tiny_model_dir, log_path=tmp_path / "second-vllm.log") as second:
+        hot_swap(VLLMAdmin(second.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
+        with GatewayProcess([vllm_server.url, second.url], session_collector.traces_endpoint, log_path=tmp_path / "gateway.log",
+                            extra_args=["--admin-token", ADMIN]) as gateway:  # fmt: skip
+            sent, failures, stop = [], [], threading.Event()
+
+            def client(index):
+                while not stop.is_set():
+                    rollout_id = f"two-{index}-{uuid.uuid4().hex[:8]}"
+                    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+                    request = urllib.request.Request(gateway.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                                     headers={"Content-Type": "application/json", "X-Rollout-Id": rollout_id})  # fmt: skip
+                    try:
+                        with urllib.request.urlopen(request, timeout=120) as reply:
+                            reply.read()
+                        sent.append(rollout_id)
+                    except Exception as exc:  # noqa: BLE001 - every failure is counted
+                        failures.append(repr(exc))
+
+            threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
+            for thread in threads:
+                thread.start()
+            windows, previous = [], tiny_model_dir
+            for k in range(1, 4):
+                time.sleep(0.5)
+                weights = tmp_path / f"two-{k}"
+                _noisy_weights(tiny_model_dir, weights, seed=200 + k)
+                report = _admin_swap(gateway, {"mode": "full", "weights_path": str(weights), "version": f"t{k}",
+                                               "rollback_path": str(previous)})  # fmt: skip
+                assert [r["url"] for r in report["replicas"]] == [vllm_server.url, second.url]  # one at a time
+                windows += [(r["url"], r["closed_ns"], r["opened_ns"]) for r in report["replicas"]]
+                previous = weights
+            time.sleep(0.5)
+            stop.set()
+            for thread in threads:
+                thread.join()
+        assert VLLMAdmin(vllm_server.url).weight_version() == VLLMAdmin(second.url).weight_version() == "t3"
+
+    assert failures == []
+    conn = connect(session_collector.data_dir)
+    query = f"""SELECT rollout_id, epoch_ns(start_time), CAST(attributes['{schema.SERVER_PORT}'] AS INT)
+                FROM spans WHERE rollout_id LIKE 'two-%' AND span_kind = 'LLM'"""  # noqa: S608
+    rows = wait_for(lambda: conn.execute(query).fetchall(), lambda r: {x[0] for x in r} >= set(sent), timeout_s=30)
+    port = {url: int(url.rsplit(":", 1)[1]) for url in (vllm_server.url, second.url)}
+    during = [(rid, p, url) for rid, started, p in rows for url, closed, opened in windows if closed < started < opened]
+    assert during, "no request arrived during a swap: the test proves nothing"
+    assert all(p != port[url] for _, p, url in during), [d for d in during if d[1] == port[d[2]]][:5]
+    assert {p for _, _, p in rows} == set(port.values())  # both replicas served

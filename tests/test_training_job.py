@@ -18,6 +18,7 @@ import pytest
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
+from lightning_otel.servers import free_port
 from lightning_otel.instrument import schema
 from lightning_otel.vllm_admin import VLLMAdmin, hot_swap
 
@@ -44,8 +45,8 @@ def store(tmp_path):
     return tmp_path / "traces"
 
 
-def _config(tmp_path, store, vllm_server, tiny_model_dir) -> Path:
-    path = tmp_path / "train.toml"
+def _config(tmp_path, store, vllm_server, tiny_model_dir, name: str = "state") -> Path:
+    path = tmp_path / f"{name}.toml"
     path.write_text(f"""
 [store]
 data_dir = "{store}"
@@ -65,18 +66,22 @@ max_rollouts = 4
 learning_rate = 0.001
 
 [checkpoints]
-dir = "{tmp_path / 'state'}"
+dir = "{tmp_path / name}"
 keep = 2
 """)
     return path
 
 
-def _train(config: Path, fault: str | None = None) -> subprocess.CompletedProcess:
+def _train(config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()) -> subprocess.CompletedProcess:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     env.pop("LIGHTNING_OTEL_FAULT", None)
     if fault:
         env["LIGHTNING_OTEL_FAULT"] = fault
-    return subprocess.run([sys.executable, "-m", "lightning_otel", "train", "--config", str(config)],
+    launcher = [sys.executable, "-m"]
+    if ranks > 1:
+        env["OMP_NUM_THREADS"] = "1"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port()), "-m"]
+    return subprocess.run([*launcher, "lightning_otel", "train", "--config", str(config), *flags, *(["--json"] if as_json else [])],
                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
 
 
@@ -99,8 +104,9 @@ def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(tmp_path, st
         rerun = _train(config)
         assert rerun.returncode == 0, rerun.stderr[-2000:]
         outcomes.append(json.loads(rerun.stdout.strip().splitlines()[-1]))
-    final = _train(config)
-    assert json.loads(final.stdout.strip().splitlines()[-1])["status"] == "nothing to do"
+    final = _train(config, as_json=False)  # the human summary, and the stages on stderr
+    assert final.returncode == 0 and "nothing to do" in final.stdout.splitlines()[0], final.stdout
+    assert "select rollouts ..." in final.stderr
 
     trained = _trained(tmp_path / "state")
     available = [r[0] for r in connect(store).execute("SELECT rollout_id FROM rollouts").fetchall()]
@@ -142,6 +148,35 @@ def test_a_second_run_at_once_is_refused(tmp_path, store, vllm_server, tiny_mode
     assert refused.returncode == 3 and "another training run" in refused.stderr
 
 
+def _first_moments(state: Path) -> list:
+    """AdamW's exp_avg after the first step: (1 - beta1) x the clipped gradient, linear in it (the
+    weights are not: Adam's first step is lr * sign(g), which turns rounding noise into lr-sized jumps)."""
+    import torch
+
+    optimizer = torch.load(next((state / "checkpoints").glob("step-*")) / "optimizer.pt", weights_only=True)
+    return [entry["exp_avg"] for _, entry in sorted(optimizer["state"].items())]
+
+
+def test_torchrun_two_ranks_train_what_one_process_trains(tmp_path, store, vllm_server, tiny_model_dir, base_served):
+    """Two gloo ranks under torchrun: rank 0 selects and broadcasts, both update their shard, rank 0
+    checkpoints and swaps (the probe checks the server against rank 0's model). The step equals a
+    single-process step on the same rollouts."""
+    # two rollouts in each of 4 tasks (non-zero advantages); no clipping, so a doubled gradient would show
+    eight = ("--selection-max-rollouts", "8", "--update-max-grad-norm", "1e9")
+    single = _train(_config(tmp_path, store, vllm_server, tiny_model_dir, "single"), flags=eight)
+    assert single.returncode == 0, single.stderr[-2000:]
+    hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "0", rollback_dir=tiny_model_dir)
+    two = _train(_config(tmp_path, store, vllm_server, tiny_model_dir, "ranks"), ranks=2, flags=eight)
+    assert two.returncode == 0, two.stderr[-3000:]
+    outcome = json.loads(two.stdout.strip().splitlines()[-1])  # one summary: rank 0's
+    assert outcome["status"] == "trained" and outcome["rollouts"] == 8
+    assert sorted(_trained(tmp_path / "ranks")) == sorted(_trained(tmp_path / "single"))
+    one_process, two_ranks = _first_moments(tmp_path / "single"), _first_moments(tmp_path / "ranks")
+    assert len(one_process) == len(two_ranks) > 0 and any(m.abs().max() > 0 for m in one_process)
+    for a, b in zip(one_process, two_ranks):
+        assert (a - b).abs().max().item() <= 1e-6 + 1e-4 * a.abs().max().item()
+
+
 def test_config_file_and_flags(tmp_path):
     from lightning_otel.trainer.config import load_config
 
@@ -153,3 +188,19 @@ def test_config_file_and_flags(tmp_path):
     path.write_text("[selection]\nmax_rolouts = 9\n")
     with pytest.raises(ValueError, match="max_rolouts"):
         load_config(str(path))
+
+
+def test_documented_defaults_are_the_code_defaults():
+    """docs/train.toml lists every option with its default: it must not drift from the code."""
+    import dataclasses
+    import tomllib
+
+    from lightning_otel.trainer.config import _SECTIONS, TrainConfig, load_config
+
+    documented = Path(__file__).resolve().parents[1] / "docs" / "train.toml"
+    assert load_config(str(documented)) == TrainConfig()
+    text = documented.read_text()
+    listed = tomllib.loads(text)
+    for section, cls in _SECTIONS.items():
+        for f in dataclasses.fields(cls):  # set, or at least shown commented out
+            assert f.name in listed.get(section, {}) or f"# {f.name} =" in text, f"[{section}] {f.name} undocumented"

@@ -36,6 +36,7 @@ class ModelSection:
     served_model_name: str = "policy"
     lora_rank: int = 0  # 0: full fine-tuning and full-weight swaps; > 0: LoRA adapters and LoRA swaps
     lora_alpha: int = 16
+    dtype: str = "float32"  # the trainer's weights; "bfloat16" halves memory (then widen probe_tolerance)
 
 
 @dataclass
@@ -44,6 +45,7 @@ class ServerSection:
     gateway: str | None = None  # swap through the gateway: no failed request, exact versions
     admin_token: str | None = None  # the gateway's --admin-token
     probe_tolerance: float = 1e-4  # max |server - trainer| logprob on the probe
+    weight_push: str = "files"  # "nccl": GPU-to-GPU push, full weights, direct to replicas (nccl_push.py; untested here)
 
 
 @dataclass

@@ -80,10 +80,10 @@ class PolicyTrainer:
             raise ValueError(f"no trainable rollouts for WHERE {where!r}; excluded: {selection.excluded}")
         return self.train_on(selection, max_staleness)
 
-    def train_on(self, selection: Selection, max_staleness: int | None = None) -> StepResult:
+    def train_on(self, selection: Selection, max_staleness: int | None = None, progress: bool = False) -> StepResult:
         """Steps 3-5 on rollouts already selected (e.g. built in memory)."""
         batch = build_batch(selection, max_staleness=max_staleness, current_version=self.version, config=self.config)
-        metrics = policy_update(self.model, self.optimizer, batch, self.config, self.reference)
+        metrics = policy_update(self.model, self.optimizer, batch, self.config, self.reference, progress=progress)
         self.version += 1
         return StepResult(selection, batch, metrics)
 

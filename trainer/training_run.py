@@ -2,13 +2,19 @@
 
 Read top to bottom: lock, recover, load, make the servers serve the latest checkpoint, select,
 update, commit, swap + probe, retire, report. `fault(...)` marks the points the crash tests kill at.
+
+Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update (rows are
+sharded, gradients all-reduced: update.policy_update); rank 0 alone holds the lock, selects (and
+broadcasts the selection, so all ranks train on the same rollouts), checkpoints, swaps and reports.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -17,6 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 
 from lightning_otel.collector import connect
 from lightning_otel.instrument import schema
@@ -42,6 +49,29 @@ class RunSummary:
     loss: float | None = None
     swap_seconds: float | None = None
     excluded: dict[str, str] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The human-readable summary printed at the end of a run."""
+        rows = [("status", self.status), ("step / version", f"{self.step} / {self.version}"), ("rollouts used", self.rollouts),
+                ("samples", self.samples), ("mean reward", _fmt(self.mean_reward)), ("loss", _fmt(self.loss)),
+                ("swap seconds", _fmt(self.swap_seconds)), ("rollouts excluded", len(self.excluded))]  # fmt: skip
+        rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
+        return "\n".join(f"{name:<20} {value}" for name, value in rows)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+@contextlib.contextmanager
+def _stage(summary: RunSummary, name: str, progress: bool):  # noqa: ANN202
+    """Time a stage into the summary; with progress on, say what runs now on stderr."""
+    if progress:
+        print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
+    began = time.perf_counter()
+    yield
+    summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
 
 
 def _weights(checkpoint: Path | None, config: TrainConfig) -> Path:
@@ -55,7 +85,26 @@ def _version(checkpoint: Path | None) -> str:
     return json.loads((checkpoint / "state.json").read_text())["version"] if checkpoint is not None else "0"
 
 
-def _load_trainer(config: TrainConfig, latest: Path | None) -> PolicyTrainer:
+def _distributed() -> tuple[int, str | None]:
+    """Join torchrun's process group when there is one: (rank, device)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, None
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+    return dist.get_rank(), device
+
+
+def _everyone(rank: int, value):  # noqa: ANN001, ANN202
+    """Rank 0's value on every rank (identity without a process group)."""
+    if not dist.is_initialized():
+        return value
+    box = [value if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None = None) -> PolicyTrainer:
     lora = None
     if config.model.lora_rank:
         from peft import LoraConfig
@@ -63,7 +112,8 @@ def _load_trainer(config: TrainConfig, latest: Path | None) -> PolicyTrainer:
         lora = LoraConfig(r=config.model.lora_rank, lora_alpha=config.model.lora_alpha, init_lora_weights=True,
                           target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
     model_dir = latest / "model" if latest is not None and not config.model.lora_rank else Path(config.model.base)
-    trainer = PolicyTrainer(model_dir, config.checkpoints.dir, config.update, lora=lora)
+    trainer = PolicyTrainer(model_dir, config.checkpoints.dir, config.update, lora=lora, device=device,
+                            dtype=getattr(torch, config.model.dtype))  # fmt: skip
     if latest is not None:
         if config.model.lora_rank:
             from peft import set_peft_model_state_dict
@@ -152,7 +202,10 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
     provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: "lightning-trainer"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint(config.store.otlp_endpoint), timeout=5)))
     tracer = provider.get_tracer("lightning_otel.trainer")
-    records = diagnose(result.batch)
+    from transformers import AutoTokenizer
+
+    # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
+    records = diagnose(result.batch, AutoTokenizer.from_pretrained(config.model.base))
     metrics = result.metrics
     attributes = {
         schema.TRAIN_STEP: trainer.version, schema.TRAIN_VERSION: str(trainer.version),
@@ -161,6 +214,7 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
         schema.TRAIN_CLIP_FRACTION: metrics["clip_fraction"], schema.TRAIN_ENTROPY: metrics["entropy"],
         schema.TRAIN_KL: metrics["kl"], schema.TRAIN_GRAD_NORM: metrics["grad_norm"], schema.TRAIN_SWAP_SECONDS: swap_seconds,
         schema.TRAIN_MERGE_RATE: sum(r.merged for r in records) / len(records) if records else 1.0,
+        schema.TRAIN_SAMPLES_PER_ROLLOUT: result.batch.samples_per_rollout_histogram(),
     }  # fmt: skip
     tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
     publish(records, tracer)
@@ -175,51 +229,96 @@ def _corrupt(weights: Path) -> None:
         save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def run_once(config: TrainConfig) -> RunSummary:
+def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
+    """One scheduled run; `progress` prints stages and a micro-batch progress bar on stderr."""
+    if config.server.weight_push not in ("files", "nccl"):
+        raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
+    if config.server.weight_push == "nccl" and (config.server.gateway or config.model.lora_rank):
+        raise ValueError("[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA")
+    rank, device = _distributed()
+    lead = rank == 0
+    progress = progress and lead
     state_dir = Path(config.checkpoints.dir)
-    with run_lock(state_dir):
+    summary = RunSummary("nothing to do")
+    with run_lock(state_dir) if lead else contextlib.nullcontext():
         store = CheckpointStore(state_dir)
-        store.recover()
-        latest = store.latest()
-        previous = store.committed()[-2] if len(store.committed()) > 1 else None
-        trainer = _load_trainer(config, latest)
-        if latest is not None and _served_versions(config) != {_version(latest)}:
+        with _stage(summary, "load model", progress):
+            if lead:
+                store.recover()
+            latest = _everyone(rank, store.latest())
+            previous = store.committed()[-2] if lead and len(store.committed()) > 1 else None
+            trainer = _load_trainer(config, latest, device)
+        if lead and latest is not None and _served_versions(config) != {_version(latest)}:
             log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)  # a crash after commit
-            _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
-            _probe(config, trainer, _version(latest))
-        store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
+            with _stage(summary, "catch-up swap", progress):
+                _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
+                _probe(config, trainer, _version(latest))
+        if lead:
+            store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
 
-        conn = connect(config.store.data_dir)
-        conn.register("lightning_trained", store.trained_ids())
-        selection = select_rollouts(conn, config=SelectionConfig(
-            where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
-            reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
-            only_rewarded=True,
-        ))  # fmt: skip
-        fault("after_load")
+        selection = None
+        if lead:
+            with _stage(summary, "select rollouts", progress):
+                conn = connect(config.store.data_dir)
+                conn.register("lightning_trained", store.trained_ids())
+                selection = select_rollouts(conn, config=SelectionConfig(
+                    where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
+                    reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
+                    only_rewarded=True,
+                ))  # fmt: skip
+            fault("after_load")
+        selection = _everyone(rank, selection)
+        summary.excluded = selection.excluded
         if len(selection.rollouts) < config.selection.min_rollouts:
-            return RunSummary("nothing to do", excluded=selection.excluded)
+            return summary
 
-        result = trainer.train_on(selection, config.selection.max_staleness)
-        fault("mid_step")
-        checkpoint = store.commit(trainer.version, lambda tmp: _write_checkpoint(tmp, trainer, result, config))
-        fault("after_checkpoint")
-        if os.environ.get(FAULT_ENV) == "corrupt_checkpoint":
-            _corrupt(_weights(checkpoint, config))  # tests: a loadable checkpoint with the wrong weights
-        version = str(trainer.version)
+        with _stage(summary, "update", progress):
+            result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        if not lead:
+            dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
+            summary.status = "trained (worker)"
+            return summary
         try:
-            swap_seconds = _swap(config, _weights(checkpoint, config), version, _weights(latest, config))
+            _commit_and_swap(config, store, trainer, result, latest, summary, progress)
+        finally:
+            if dist.is_initialized():
+                dist.barrier()
+        summary.rollouts, summary.samples = len(selection.rollouts), len(result.batch.samples)
+        summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
+        return summary
+
+
+def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: PolicyTrainer, result: StepResult,
+                     latest: Path | None, summary: RunSummary, progress: bool) -> None:  # fmt: skip
+    """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
+    fault("mid_step")
+    with _stage(summary, "checkpoint", progress):
+        checkpoint = store.commit(trainer.version, lambda tmp: _write_checkpoint(tmp, trainer, result, config))
+    fault("after_checkpoint")
+    if os.environ.get(FAULT_ENV) == "corrupt_checkpoint":
+        _corrupt(_weights(checkpoint, config))  # tests: a loadable checkpoint with the wrong weights
+    version = str(trainer.version)
+    try:
+        with _stage(summary, "swap + probe", progress):
+            if config.server.weight_push == "nccl":
+                from lightning_otel.trainer.nccl_push import push_weights
+
+                began = time.perf_counter()
+                for replica in config.server.replicas:
+                    push_weights(replica, trainer.model, version)
+                swap_seconds = time.perf_counter() - began
+            else:
+                swap_seconds = _swap(config, _weights(checkpoint, config), version, _weights(latest, config))
             _probe(config, trainer, version)
-        except Exception as failure:
-            # Put the previous weights back, forget this step: its rollouts return to the pool.
-            store.reject(checkpoint)
-            try:
-                _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
-            except Exception as rollback_failure:  # noqa: BLE001 - report both
-                raise JobFailed(f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}") from failure
-            raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
-        fault("after_swap")
-        store.retire(config.checkpoints.keep)
-        _report(config, trainer, result, swap_seconds)
-        return RunSummary("trained", trainer.version, version, len(selection.rollouts), len(result.batch.samples),
-                          result.mean_reward, result.metrics["loss"], swap_seconds, selection.excluded)  # fmt: skip
+    except Exception as failure:
+        # Put the previous weights back, forget this step: its rollouts return to the pool.
+        store.reject(checkpoint)
+        try:
+            _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
+        except Exception as rollback_failure:  # noqa: BLE001 - report both
+            raise JobFailed(f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}") from failure
+        raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
+    fault("after_swap")
+    store.retire(config.checkpoints.keep)
+    _report(config, trainer, result, swap_seconds)
+    summary.status, summary.step, summary.version, summary.swap_seconds = "trained", trainer.version, version, swap_seconds

@@ -58,6 +58,12 @@ class Batch:
     def samples_per_rollout(self) -> float:
         return len(self.samples) / max(1, len(self.rollouts))
 
+    def samples_per_rollout_histogram(self) -> list[int]:
+        """Element k: how many rollouts became k + 1 samples (rollouts left with none not counted)."""
+        counts = np.bincount(self.rollout_of_sample, minlength=len(self.rollouts)) if self.rollouts else np.zeros(0, int)
+        counts = counts[counts > 0]
+        return np.bincount(counts - 1).tolist() if counts.size else []
+
 
 def _staleness(sample: Sample, current_version: int) -> int | None:
     versions = [int(v) for v in sample.policy_versions if v is not None and str(v).lstrip("-").isdigit()]
@@ -113,9 +119,11 @@ def policy_update(
     batch: Batch,
     config: UpdateConfig,
     reference_model: torch.nn.Module | None = None,
+    progress: bool = False,
 ) -> dict[str, float]:
     """Accumulate the weighted loss over (this process's) micro-batches, sum gradients across
-    processes, clip the gradient norm, take one optimizer step. Returns batch-wide metrics."""
+    processes, clip the gradient norm, take one optimizer step. Returns batch-wide metrics.
+    `progress`: a progress bar over micro-batches on stderr."""
     device = next(model.parameters()).device
     groups = [batch.rollouts[r].task_id for r in batch.rollout_of_sample]
     rows = plan_rows(batch.samples, groups, config.layout, config.pack_length)
@@ -123,7 +131,12 @@ def policy_update(
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(7, dtype=torch.float64)  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
-    for start in range(0, len(mine), config.micro_batch_size):
+    starts = range(0, len(mine), config.micro_batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc="update", unit="micro-batch", leave=False)
+    for start in starts:
         chunk = mine[start : start + config.micro_batch_size]
         t = row_tensors(batch.samples, batch.token_weights, batch.advantages, chunk, device)
         logprobs, entropy = scored_logprobs(model, t, with_entropy=True)
