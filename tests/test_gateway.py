@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from helpers import wait_for
+from lightning_otel.instrument.gateway import SERVICE_NAME as GATEWAY_SERVICE
 from tcp_proxy import FlakyProxy
 from lightning_otel.collector import connect
 from lightning_otel.servers import GatewayProcess, free_port

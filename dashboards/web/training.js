@@ -1,0 +1,81 @@
+// Training: what each optimizer step did (train_steps), reward per policy version (rollouts),
+// how rollouts became samples, and why merges failed (merge_diagnostics).
+
+import { barChart, esc, fmt, html, lineChart, pct, section, table } from "./charts.js";
+
+// The per-step metrics drawn as small charts, in train_steps' column names.
+const STEP_METRICS = [
+  ["mean_reward", "mean reward"], ["loss", "loss"], ["clip_fraction", "clip fraction"], ["entropy", "entropy"],
+  ["kl", "KL"], ["grad_norm", "grad norm"], ["swap_seconds", "swap seconds"], ["merge_rate", "merge rate"],
+];
+
+export async function renderTraining(root, { sql, query }) {
+  const [steps, byVersion, histogram, [merges], causes, failed] = await Promise.all([
+    query(sql.trainSteps), query(sql.rewardByVersion), query(sql.samplesPerRollout),
+    query(sql.mergeSummary), query(sql.mergeCauses), query(sql.failedMerges),
+  ]);
+  const mergeRate = merges.boundaries ? merges.merged / merges.boundaries : null;
+  root.append(html(`<div class="kpis">
+    <div class="kpi"><div class="kpi-value" data-testid="train-step-count" data-value="${steps.length}">${fmt(steps.length)}</div><div class="kpi-label">train steps</div></div>
+    <div class="kpi"><div class="kpi-value">${esc(steps.length ? steps[steps.length - 1].version : "—")}</div><div class="kpi-label">latest policy version</div></div>
+    <div class="kpi"><div class="kpi-value" data-testid="merge-rate" data-value="${esc(mergeRate ?? "")}">${pct(mergeRate)}</div>
+      <div class="kpi-label">merge rate</div><div class="kpi-note">${fmt(merges.merged)} of ${fmt(merges.boundaries)} boundaries</div></div>
+  </div>`));
+  if (steps.length === 0) {
+    root.append(html(`<p class="empty">No <code>train_step</code> spans yet: <code>lightning-otel train</code> writes one per optimizer step.</p>`));
+  }
+
+  const reward = section("Mean reward per train step", "<code>train_steps.mean_reward</code>: the rollouts each step trained on");
+  reward.append(lineChart([{
+    name: "mean reward",
+    points: steps.map((s) => ({ x: s.step, y: s.mean_reward, title: `step ${s.step}: ${fmt(s.mean_reward)}`,
+      attrs: { "data-step": s.step, "data-value": s.mean_reward ?? "" } })),
+  }], { width: 1100, height: 230, xLabel: "step", yLabel: "mean reward", integerX: true, testid: "reward-per-step" }));
+  root.append(reward);
+
+  const small = html(`<div class="small-multiples"></div>`);
+  for (const [column, label] of STEP_METRICS.slice(1)) {
+    const box = section(label);
+    box.append(lineChart([{ name: label, points: steps.map((s) => ({ x: s.step, y: s[column], title: `step ${s.step}: ${fmt(s[column])}` })) }],
+      { width: 360, height: 170, xLabel: "step", integerX: true, testid: `metric-${column}` }));
+    small.append(box);
+  }
+  root.append(small);
+
+  const grid = html(`<div class="two-col"></div>`);
+  const versions = section("Mean reward per policy version",
+    "<code>rollouts</code> served by one policy version (<code>policy_versions</code>), reward reported");
+  versions.append(barChart(byVersion.map((v) => ({
+    label: v.version, value: v.mean_reward, title: `version ${v.version}: ${fmt(v.mean_reward)} over ${v.rollouts} rollouts`,
+    attrs: { "data-version": v.version, "data-value": v.mean_reward ?? "" },
+  })), { width: 540, height: 200, xLabel: "policy version", yLabel: "mean reward", testid: "reward-per-version" }));
+  grid.append(versions);
+
+  const spr = section("Samples per rollout", "<code>train_steps.samples_per_rollout</code> summed over steps: 1 = every call merged");
+  spr.append(barChart(histogram.map((h) => ({
+    label: String(h.samples), value: h.rollouts, title: `${h.rollouts} rollouts became ${h.samples} sample(s)`,
+    attrs: { "data-samples": h.samples, "data-value": h.rollouts },
+  })), { width: 540, height: 200, xLabel: "samples", yLabel: "rollouts", testid: "samples-per-rollout" }));
+  grid.append(spr);
+  root.append(grid);
+
+  const grid2 = html(`<div class="two-col"></div>`);
+  const why = section("Why merges failed", "<code>merge_diagnostics</code> boundaries that did not merge, by cause and region");
+  why.append(causes.length ? table(causes, [["cause", "cause", esc], ["region", "region", esc], ["boundaries", "boundaries"]],
+    { rowAttrs: (r) => ({ "data-cause": r.cause }), className: "causes" }) : html(`<p class="empty">no failed merge</p>`));
+  grid2.append(why);
+  const recent = section("Latest failed merges", "open one to see where its tokens diverge");
+  recent.append(failed.length ? table(failed, [
+    ["rollout_id", "rollout", (v) => `<a href="#rollout/${encodeURIComponent(v)}">${esc(v)}</a>`],
+    ["cause", "cause", esc], ["position", "token"], ["detail", "detail", esc],
+  ]) : html(`<p class="empty">none</p>`));
+  grid2.append(recent);
+  root.append(grid2);
+
+  const all = section("Train steps", "one row per <code>train_steps</code> row");
+  all.append(table(steps, [
+    ["step", "step"], ["version", "version", esc], ["time", "time", esc], ["rollouts", "rollouts"], ["samples", "samples"],
+    ...STEP_METRICS.map(([column, label]) => [column, label, column === "merge_rate" ? pct : undefined]),
+  ], { rowAttrs: (s) => ({ "data-step": s.step, "data-mean-reward": s.mean_reward ?? "" }), className: "train-steps" }));
+  root.append(all);
+}
