@@ -20,6 +20,7 @@ from collections import defaultdict
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -48,12 +49,17 @@ def _leaf_columns() -> list[str]:
 
 
 _LEAVES = _leaf_columns()
+# Compacted files (where data lives for good): zstd, about half the size of snappy here.
 WRITE_OPTIONS = dict(
     use_dictionary=_DICTIONARY_COLUMNS,
     write_statistics=_STATISTICS_COLUMNS,
     compression={c: ("none" if c in _UNCOMPRESSED else "zstd") for c in _LEAVES},
     compression_level={c: 1 for c in _LEAVES if c not in _UNCOMPRESSED},
 )
+# Files written straight from the write-ahead log are on the ingest path and are compacted soon:
+# snappy encodes the text columns in ~60% of zstd-1's time (8.4 vs 13.8 us per observability span).
+LIVE_WRITE_OPTIONS = {**WRITE_OPTIONS, "compression": {c: ("none" if c in _UNCOMPRESSED else "snappy") for c in _LEAVES}}
+del LIVE_WRITE_OPTIONS["compression_level"]
 
 
 def _fsync_dir(path: str) -> None:
@@ -82,17 +88,18 @@ class Store:
         prefix = self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
         return f"{prefix}/**/*.parquet"
 
-    def write(self, table: pa.Table, path: str) -> None:
+    def write(self, table: pa.Table, path: str, options: dict | None = None) -> None:
+        options = options or WRITE_OPTIONS
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
-            pq.write_table(table, tmp, **WRITE_OPTIONS)
+            pq.write_table(table, tmp, **options)
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
             _fsync_dir(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
         else:
-            pq.write_table(table, path, filesystem=self.fs, **WRITE_OPTIONS)
+            pq.write_table(table, path, filesystem=self.fs, **options)
 
     def ensure_schema_file(self) -> None:
         path = f"{self.spans_root}/{SCHEMA_FILE}"
@@ -116,14 +123,22 @@ class Store:
 
     def write_segment(self, segment: str, table: pa.Table) -> list[str]:
         """Write one converted WAL segment, split by service and hour of span start."""
-        services = table.column("service_name").to_pylist()
-        hours = [(t or 0) // _HOUR_US for t in table.column("start_time").cast(pa.int64()).to_pylist()]
-        groups: dict[tuple, list[int]] = defaultdict(list)
-        for row, key in enumerate(zip(services, hours)):
-            groups[key].append(row)
+        if len(table) == 0:
+            return []
+        hours_array = pc.divide(table.column("start_time").cast(pa.int64()).fill_null(0), _HOUR_US)
+        services_array = table.column("service_name")
+        hour_range = pc.min_max(hours_array)
+        groups: dict[tuple, list[int] | None]
+        if hour_range["min"] == hour_range["max"] and pc.count_distinct(services_array, mode="all").as_py() == 1:
+            # The usual segment: one service, one hour. No per-row Python to find that out.
+            groups = {(services_array[0].as_py(), hour_range["min"].as_py()): None}
+        else:
+            groups = defaultdict(list)
+            for row, key in enumerate(zip(services_array.to_pylist(), hours_array.to_pylist())):
+                groups[key].append(row)
         written = []
         for (service, hour), rows in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
             path = f"{self.partition_dir(service, hour)}/part-{segment}.parquet"
-            self.write(table if len(groups) == 1 else table.take(pa.array(rows)), path)
+            self.write(table if rows is None else table.take(pa.array(rows)), path, LIVE_WRITE_OPTIONS)
             written.append(path)
         return written

@@ -89,6 +89,9 @@ def test_compaction_merges_small_files_and_readers_never_see_duplicates(tmp_path
         files = collector.store.files()
         assert len(files) == 1 and files[0].base_name.startswith("compact-")
         assert _raw_count(collector.data_dir) == 30  # deduplicated physically too
+        codecs = dict(connect(collector.data_dir).execute(
+            f"SELECT path_in_schema, compression FROM parquet_metadata('{files[0].path}')").fetchall())
+        assert codecs["name"] == "ZSTD" and codecs["prompt_token_ids, list, element"] == "UNCOMPRESSED"  # the long-term codec
         assert connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] == 30
 
 
