@@ -82,9 +82,10 @@ def dashboard(demo_run):
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"no {CHROMIUM}")
+    from playwright import sync_api  # the dev extra
+
+    # .ci/run installs Debian's chromium; without it these tests fail, they do not skip.
+    assert Path(CHROMIUM).exists(), f"no {CHROMIUM}: apt-get install chromium (see .ci/run)"
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched
@@ -224,8 +225,9 @@ def test_rollout_page_shows_spans_messages_and_generated_tokens(page, dashboard,
 def test_failed_merge_marks_the_divergent_token(page, dashboard, store):
     failed = store.execute("""SELECT rollout_id, next_span_id, position, cause FROM merge_diagnostics
                               WHERE NOT merged ORDER BY rollout_id LIMIT 1""").fetchone()  # fmt: skip
-    if failed is None:
-        pytest.skip("this demo run had no failed merge")
+    # The demo's harness restarts in a rewritten context on a third call, which never merges; with
+    # 2.2-2.5 calls per rollout on average at the start, the demo run always has such boundaries.
+    assert failed is not None, "the demo run had no failed merge"
     rollout_id, next_span_id, position, cause = failed
     open_view(page, dashboard.url + f"#rollout/{rollout_id}")
     sample = page.locator(f"[data-testid=sample][data-first-span-id='{next_span_id}']")
