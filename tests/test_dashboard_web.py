@@ -20,15 +20,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from lightning_otel.collector import connect
+from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 from lightning_otel.instrument import schema
 from lightning_otel.servers import free_port, wait_http_ok
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-# Without the background-networking flags Chromium keeps trying (and failing) to reach Google.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 RENDERED = """() => { const v = document.getElementById('view');
                       return v.dataset.ready === 'true' && v.dataset.hash === location.hash; }"""
 TIMEOUT_MS = 120_000  # two shared cores: a view's queries can take a while

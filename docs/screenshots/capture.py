@@ -16,13 +16,10 @@ import sys
 from pathlib import Path
 
 from lightning_otel.collector import connect
+from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 from lightning_otel.servers import free_port, wait_http_ok
 
 HERE = Path(__file__).resolve().parent
-CHROMIUM = "/usr/bin/chromium"
-# Without the background-networking flags Chromium keeps trying (and failing) to reach Google.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 VIEWPORT = {"width": 1400, "height": 900}
 
 
