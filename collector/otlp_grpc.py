@@ -17,7 +17,7 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from lightning_otel.collector.ingest import Ingestor, Overloaded
-from lightning_otel.collector.otlp_http import bearer_ok
+from lightning_otel.instrument.auth import bearer_ok
 from lightning_otel.collector.spans_table import decode_request
 
 log = logging.getLogger(__name__)

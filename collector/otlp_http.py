@@ -13,7 +13,6 @@ statement against a sandboxed DuckDB connection (collector/query.py), bearer tok
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import zlib
@@ -29,6 +28,7 @@ from lightning_otel.collector.otlp_json import decode_json, encode_json
 from lightning_otel.collector.query import MAX_QUERY_ROWS, run_query
 from lightning_otel.collector.spans_table import decode_request
 from lightning_otel.collector.wal import GZIP
+from lightning_otel.instrument.auth import bearer_ok
 
 log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"
@@ -51,13 +51,6 @@ def gunzip_capped(data: bytes, limit: int) -> bytes:
     if not decompressor.eof:
         raise ValueError("truncated gzip body")
     return out
-
-
-def bearer_ok(header: str | None, token: str | None) -> bool:
-    if not token:
-        return True
-    expected = f"Bearer {token}"
-    return header is not None and hmac.compare_digest(header.strip().encode(), expected.encode())
 
 
 class _Handler(BaseHTTPRequestHandler):

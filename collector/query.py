@@ -152,11 +152,16 @@ def _register_filesystem(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
     conn.register_filesystem(fsspec.filesystem(protocol, **options))
 
 
+def parquet_source(store: Store) -> str:
+    """The table expression the views read: every Parquet file of the store, re-listed per query."""
+    return f"read_parquet({_literal(store.glob())}, union_by_name = true)"
+
+
 def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
     if not store.is_local:
         _register_filesystem(conn, store)
     if store.has_data():
-        source = f"read_parquet({_literal(store.glob())}, union_by_name = true)"
+        source = parquet_source(store)
     else:
         # No store yet: views over an empty table of the right shape (reconnect once data exists).
         conn.register("_empty_spans", SPANS_SCHEMA.empty_table())

@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from lightning_otel.collector.spans_table import SPANS_SCHEMA
+from lightning_otel.collector.wal import fsync_path
 
 SPANS_DIR = "spans"
 SCHEMA_FILE = "_schema.parquet"
@@ -49,25 +50,19 @@ def _leaf_columns() -> list[str]:
 
 
 _LEAVES = _leaf_columns()
+
+
+def _write_options(codec: str, **extra) -> dict:
+    """Parquet settings with `codec` for every column but the token/logprob arrays."""
+    return dict(use_dictionary=_DICTIONARY_COLUMNS, write_statistics=_STATISTICS_COLUMNS,
+                compression={c: ("none" if c in _UNCOMPRESSED else codec) for c in _LEAVES}, **extra)  # fmt: skip
+
+
 # Compacted files (where data lives for good): zstd, about half the size of snappy here.
-WRITE_OPTIONS = dict(
-    use_dictionary=_DICTIONARY_COLUMNS,
-    write_statistics=_STATISTICS_COLUMNS,
-    compression={c: ("none" if c in _UNCOMPRESSED else "zstd") for c in _LEAVES},
-    compression_level={c: 1 for c in _LEAVES if c not in _UNCOMPRESSED},
-)
+WRITE_OPTIONS = _write_options("zstd", compression_level={c: 1 for c in _LEAVES if c not in _UNCOMPRESSED})
 # Files written straight from the write-ahead log are on the ingest path and are compacted soon:
 # snappy encodes the text columns in ~60% of zstd-1's time (8.4 vs 13.8 us per observability span).
-LIVE_WRITE_OPTIONS = {**WRITE_OPTIONS, "compression": {c: ("none" if c in _UNCOMPRESSED else "snappy") for c in _LEAVES}}
-del LIVE_WRITE_OPTIONS["compression_level"]
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+LIVE_WRITE_OPTIONS = _write_options("snappy")
 
 
 class Store:
@@ -97,7 +92,7 @@ class Store:
             with open(tmp, "rb") as handle:
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
+            fsync_path(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
         else:
             pq.write_table(table, path, filesystem=self.fs, **options)
 

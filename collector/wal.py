@@ -29,7 +29,8 @@ _SUFFIX = ".wal"
 GZIP = 1
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file, or a directory so that a new name or a rename in it survives a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -85,7 +86,7 @@ class WriteAheadLog:
                 self._next += 1
                 self._fd = os.open(self.path(self._active), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
                 self._size = 0
-                _fsync_dir(self.directory)  # the new file's name must survive a crash too
+                fsync_path(self.directory)  # the new file's name must survive a crash too
             _write_all(self._fd, record)
             self._size += len(record)
             self._written += 1

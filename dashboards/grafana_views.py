@@ -34,18 +34,6 @@ class ViewsFileError(Exception):
     """The views file cannot be written; the message says why and what to do."""
 
 
-def _sql_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _fsync(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove(*paths: Path) -> None:
     for path in paths:
         try:
@@ -61,8 +49,9 @@ def write_views_file(data_dir: str | os.PathLike, out: str | os.PathLike) -> Pat
     """
     import duckdb
 
-    from lightning_otel.collector.query import view_statements
+    from lightning_otel.collector.query import parquet_source, view_statements
     from lightning_otel.collector.store import Store
+    from lightning_otel.collector.wal import fsync_path
 
     if "://" in str(data_dir):  # checked before Store(), which would contact the object store
         raise ViewsFileError(f"{data_dir}: only local trace stores are supported (Grafana's DuckDB would need S3 "
@@ -74,7 +63,7 @@ def write_views_file(data_dir: str | os.PathLike, out: str | os.PathLike) -> Pat
     if not store.has_data():
         raise ViewsFileError(f"{store.root} holds no trace store yet (no Parquet files under {store.spans_root}); "
                              "start the collector with this --data-dir first, then run grafana-views again")  # fmt: skip
-    source = f"read_parquet({_sql_literal(store.glob())}, union_by_name = true)"
+    source = parquet_source(store)
 
     out_path = Path(out).absolute()
     if out_path.is_dir():
@@ -93,9 +82,9 @@ def write_views_file(data_dir: str | os.PathLike, out: str | os.PathLike) -> Pat
             conn.execute("CHECKPOINT")  # everything in the main file: no .wal for Grafana to miss
         finally:
             conn.close()
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, out_path)
-        _fsync(out_path.parent)
+        fsync_path(out_path.parent)
     except duckdb.Error as exc:
         raise ViewsFileError(f"cannot build the views over {store.glob()}: {exc}") from exc
     finally:

@@ -21,7 +21,6 @@ without the dashboard's extras (duckdb, tokenizers).
 from __future__ import annotations
 
 import argparse
-import hmac
 import json
 import logging
 import math
@@ -31,6 +30,8 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from lightning_otel.instrument.auth import bearer_ok
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._host_ok():
             self._json(403, {"error": "this server answers loopback Host names only"})
             return
-        if not _bearer_ok(self.headers.get("Authorization"), self.server.query_token):
+        if not bearer_ok(self.headers.get("Authorization"), self.server.query_token):
             self._json(401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"})
             return
         if (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower() != "application/json":
@@ -217,12 +218,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": str(exc)})
             return
         self._json(200, {"tokens": self.server.detokenizer.pieces(ids)})
-
-
-def _bearer_ok(header: str | None, token: str | None) -> bool:
-    if not token:
-        return True
-    return header is not None and hmac.compare_digest(header.strip().encode(), f"Bearer {token}".encode())
 
 
 class DashboardServer(ThreadingHTTPServer):

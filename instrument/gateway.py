@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 import logging
 import math
@@ -38,6 +37,7 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.instrument import schema
+from lightning_otel.instrument.auth import bearer_ok
 from lightning_otel.instrument.options import REDACTED
 from lightning_otel.instrument.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
 
@@ -161,8 +161,7 @@ class Gateway:
     async def _auth(self, request: web.Request, handler):  # noqa: ANN001, ANN202
         token = self.config.token
         if token and request.path != "/health" and not request.path.startswith("/admin/"):
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            if not bearer_ok(request.headers.get("Authorization"), token):
                 return _json(401, "missing or wrong bearer token", "authentication_error")
         return await handler(request)
 

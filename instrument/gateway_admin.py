@@ -19,20 +19,19 @@ Routes (bearer `--admin-token`; without one they answer 403):
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from typing import Any
 
 from aiohttp import web
 
+from lightning_otel.instrument.auth import bearer_ok
 from lightning_otel.vllm_admin import SwapError, VLLMAdmin, hot_swap
 
 _DRAIN_TIMEOUT_S = 600.0
 
 
 def _admin_ok(request: web.Request, token: str | None) -> bool:
-    given = request.headers.get("Authorization", "")
-    return bool(token) and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+    return bool(token) and bearer_ok(request.headers.get("Authorization"), token)  # no admin token: no admin
 
 
 async def _drained(condition: asyncio.Condition, still_busy) -> float:  # noqa: ANN001

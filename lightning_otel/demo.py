@@ -27,23 +27,28 @@ from pathlib import Path
 ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>11} | {:>8} | {:>7}"
 HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "mean reward", "loss", "swap s")
 # The loss column is near zero by construction: group-normalized advantages sum to zero per task.
-DASHBOARD_PORT = 8050
 
 
-def _wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int, timeout_s: float = 60.0) -> tuple[int, int]:
-    """Wait until the iteration's rewarded rollouts are queryable; (rollouts, llm calls)."""
+def _wait_for(data_dir: Path, query: str, expected: int, what: str, timeout_s: float) -> tuple:
+    """Poll `query` (first column: a count) until it reaches `expected`; returns its row. The views
+    re-list the Parquet files at each query, so one connection sees what the collector adds."""
     from lightning_otel.collector import connect
 
+    conn = connect(data_dir)
     deadline = time.monotonic() + timeout_s
-    query = ("SELECT count(*), coalesce(sum(llm_calls), 0) FROM rollouts "
-             f"WHERE reward IS NOT NULL AND start_time >= to_timestamp({since_epoch})")  # fmt: skip
-    while True:
-        count, calls = connect(data_dir).execute(query).fetchone()
-        if count >= expected:
-            return count, int(calls)
+    while (row := conn.execute(query).fetchone())[0] < expected:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {count} of {expected} rollouts reached the store within {timeout_s:.0f} s")
+            raise TimeoutError(f"only {row[0]} of {expected} {what} reached the store within {timeout_s:.0f} s")
         time.sleep(0.25)
+    return row
+
+
+def _wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int) -> tuple[int, int]:
+    """Wait until the iteration's rewarded rollouts are queryable; (rollouts, llm calls)."""
+    count, calls = _wait_for(data_dir, "SELECT count(*), coalesce(sum(llm_calls), 0) FROM rollouts "
+                             f"WHERE reward IS NOT NULL AND start_time >= to_timestamp({since_epoch})",
+                             expected, "rollouts", timeout_s=60.0)  # fmt: skip
+    return count, int(calls)
 
 
 def _train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate: float):  # noqa: ANN001, ANN202
@@ -92,6 +97,7 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
     from transformers.utils import logging as transformers_logging
 
     from lightning_otel import digit_sum
+    from lightning_otel.dashboards.server import DEFAULT_PORT
     from lightning_otel.servers import CollectorProcess, VLLMServer
     from lightning_otel.trainer.training_run import run_once
 
@@ -137,8 +143,8 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
         report = write_report(data_dir, workdir / "report")
         print(f"\ndone in {time.perf_counter() - began:.0f} s; traces in {data_dir}")
         print(f"report:    {report}")
-        print(f"dashboard: lightning-otel dashboard --data-dir {data_dir} --tokenizer {policy_dir} --port {DASHBOARD_PORT}"
-              f"  -> http://127.0.0.1:{DASHBOARD_PORT}/")
+        print(f"dashboard: lightning-otel dashboard --data-dir {data_dir} --tokenizer {policy_dir} --port {DEFAULT_PORT}"
+              f"  -> http://127.0.0.1:{DEFAULT_PORT}/")
         return 0
     except KeyboardInterrupt:
         print("interrupted; stopping everything the demo started", file=sys.stderr)
@@ -148,12 +154,6 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
         collector.stop()
 
 
-def _wait_for_train_steps(data_dir: Path, expected: int, timeout_s: float = 30.0) -> None:
+def _wait_for_train_steps(data_dir: Path, expected: int) -> None:
     """The trainer's train_step spans travel through the collector like any other: wait for them."""
-    from lightning_otel.collector import connect
-
-    deadline = time.monotonic() + timeout_s
-    while connect(data_dir).execute("SELECT count(*) FROM train_steps").fetchone()[0] < expected:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"fewer than {expected} train_step spans reached the store within {timeout_s:.0f} s")
-        time.sleep(0.25)
+    _wait_for(data_dir, "SELECT count(*) FROM train_steps", expected, "train_step spans", timeout_s=30.0)

@@ -11,6 +11,7 @@ broadcasts the selection, so all ranks train on the same rollouts), checkpoints,
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -125,10 +126,16 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
     return trainer
 
 
-def _probe_ids(config: TrainConfig) -> list[int]:
+@functools.lru_cache(maxsize=1)
+def _tokenizer(model_dir: str):  # noqa: ANN202 - a transformers tokenizer
+    """The policy's tokenizer, loaded once per run (probes and the merge diagnosis share it)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(config.model.base)
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _probe_ids(config: TrainConfig) -> list[int]:
+    tokenizer = _tokenizer(config.model.base)
     text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False)
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -202,10 +209,8 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
     provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: "lightning-trainer"}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint(config.store.otlp_endpoint), timeout=5)))
     tracer = provider.get_tracer("lightning_otel.trainer")
-    from transformers import AutoTokenizer
-
     # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
-    records = diagnose(result.batch, AutoTokenizer.from_pretrained(config.model.base))
+    records = diagnose(result.batch, _tokenizer(config.model.base))
     metrics = result.metrics
     attributes = {
         schema.TRAIN_STEP: trainer.version, schema.TRAIN_VERSION: str(trainer.version),

@@ -1,8 +1,8 @@
 """LangChain: OpenInference's LangChain instrumentor (chains, agents, tools, chat models).
 
 Token capture needs nothing here: LangChain's OpenAI chat models call the OpenAI SDK, whose
-integration records token ids on the inner LLM span; the LangChain LLM span around it is marked
-as a wrapper (`lightning.llm.wrapper`) so each model call counts once in `llm_calls`.
+integration records token ids on the inner LLM span; the collector's `llm_spans` view marks the
+LangChain LLM span around it as a wrapper (`is_wrapper`), so each model call counts once in `llm_calls`.
 """
 
 from __future__ import annotations
