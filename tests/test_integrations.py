@@ -221,11 +221,12 @@ def test_redacted_llm_spans_keep_token_ids(vllm_server, session_collector):
         f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, hide_inputs=True, hide_outputs=True)\n"
         f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
         "with lightning_otel.rollout(task_id='redacted') as r:\n"
-        "    client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': 'my secret'}], max_tokens=4)\n"
+        "    reply = client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': 'my secret'}], max_tokens=4)\n"
         "inst.flush()\n"
-        "print(r.rollout_id)\n"
+        "print(r.rollout_id, reply.usage.completion_tokens)\n"
     )
-    rollout_id = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.split()[-1]
+    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    rollout_id, generated = printed[-2], int(printed[-1])  # fewer than 4 when the served weights stop early
     conn = connect(session_collector.data_dir)
     rows = wait_for(lambda: conn.execute(
         "SELECT attributes['input.value'], attributes['output.value'], attributes['llm.input_messages.0.message.content'], "
@@ -233,4 +234,4 @@ def test_redacted_llm_spans_keep_token_ids(vllm_server, session_collector):
         [rollout_id]).fetchall(), lambda r: len(r) >= 1)  # fmt: skip
     [(inputs, outputs, message, ids, logprobs)] = rows
     assert inputs == outputs == "__REDACTED__" and message in (None, "__REDACTED__")
-    assert ids == logprobs == 4
+    assert ids == logprobs == generated >= 1
