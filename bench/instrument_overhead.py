@@ -1,11 +1,25 @@
 """Added latency per call of `lightning_otel.instrument()` against the bare OpenAI client.
 
-    python bench/instrument_overhead.py --calls 3000
+    python bench/instrument_overhead.py --calls 2000
 
-Both clients call the same local vLLM look-alike (stub_vllm.py: a fixed vLLM-shaped response with
-512 prompt and 32 completion token ids, answered in well under a millisecond), each in its own
-process; the instrumented one exports to a real collector. Reports median and p90 latency per
-call and the difference of medians: the cost of OpenInference's span plus our token capture.
+Every client calls the same local vLLM look-alike (stub_vllm.py: a fixed vLLM-shaped response with
+512 prompt and 32 completion token ids, answered in well under a millisecond) and exports to a real
+collector. Each mode runs in its own process, twice, interleaved so drift hits all. Modes:
+
+  bare                   the OpenAI client, nothing instrumented
+  openinference          instrument(): OpenInference's OpenAI span + our token capture (default)
+  openinference-nocap    instrument(capture_tokens="off"): OpenInference's span alone
+  lean                   instrument(openai_spans="lean"): our span + token capture
+  lean-nocap             instrument(openai_spans="lean", capture_tokens="off")
+
+Calls run inside one rollout (as in an agent; rollout attributes are copied onto each span). Per
+mode it reports:
+  - paired: within one process, calls alternate between the bare and the instrumented client;
+    the median of the per-pair differences is the added latency, insensitive to drift between
+    processes (the primary number);
+  - separate: the median of a run of instrumented calls minus the bare process's median;
+  - CPU per call (all threads: export and span finishing run in the background) minus bare's.
+It also reports what opening and closing one `rollout()` costs (once per rollout, not per call).
 """
 
 from __future__ import annotations
@@ -16,67 +30,92 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+MODES = ("bare", "openinference", "openinference-nocap", "lean", "lean-nocap")
 CLIENT = """
-import json, sys, time, openai
-mode, url, calls = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import contextlib, json, statistics, sys, time, openai
+pristine = openai.OpenAI.request
+import lightning_otel
+mode, url, calls, endpoint = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 if mode != "bare":
-    import lightning_otel
-    lightning_otel.instrument(endpoint=sys.argv[4], capture_tokens="off" if mode == "no-capture" else "auto",
-                              hide_inputs=mode == "redacted", hide_outputs=mode == "redacted")
+    inst = lightning_otel.instrument(endpoint=endpoint, capture_tokens="off" if mode.endswith("nocap") else "auto",
+                              openai_spans="lean" if mode.startswith("lean") else "openinference")
+instrumented = openai.OpenAI.request
 client = openai.OpenAI(base_url=url, api_key="x")
 messages = [{"role": "user", "content": "hello " * 200}]
-times = []
-for i in range(calls + 200):
+
+def call():
     t = time.perf_counter()
+    client.chat.completions.create(model="policy", messages=messages, max_tokens=32)
+    return time.perf_counter() - t
+
+result = {}
+with lightning_otel.rollout(task_id="bench") if mode != "bare" else contextlib.nullcontext():
+    for _ in range(200):
+        call()  # warm up (and the vLLM probe)
+    cpu = time.process_time()
+    result["separate"] = [call() for _ in range(calls)]
+    result["cpu_per_call"] = (time.process_time() - cpu) / calls
     if mode != "bare":
+        diffs = []
+        for i in range(calls):
+            pair = {}
+            for which in ((0, 1) if i % 2 else (1, 0)):
+                openai.OpenAI.request = instrumented if which else pristine
+                pair[which] = call()
+            diffs.append(pair[1] - pair[0])
+        openai.OpenAI.request = instrumented
+        result["paired"] = diffs
+if mode != "bare":
+    rollouts = []
+    for _ in range(1000):
+        t = time.perf_counter()
         with lightning_otel.rollout(task_id="bench"):
-            client.chat.completions.create(model="policy", messages=messages, max_tokens=32)
-    else:
-        client.chat.completions.create(model="policy", messages=messages, max_tokens=32)
-    if i >= 200:
-        times.append(time.perf_counter() - t)
-print(json.dumps(times))
+            pass
+        rollouts.append(time.perf_counter() - t)
+    result["rollout"] = rollouts
+    inst.flush()
+print(json.dumps(result))
 """
 
 
-def run(mode: str, url: str, calls: int, endpoint: str) -> list[float]:
+def run(mode: str, url: str, calls: int, endpoint: str) -> dict:
     out = subprocess.run([sys.executable, "-c", CLIENT, mode, url, str(calls), endpoint], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
     from lightning_otel.servers import CollectorProcess, free_port, stop_process, wait_http_ok
 
     port = free_port()
     stub = subprocess.Popen([sys.executable, str(HERE / "stub_vllm.py"), "--port", str(port)], start_new_session=True)
     workdir = tempfile.mkdtemp(prefix="lightning-overhead-")
+    results: dict[str, dict[str, list]] = {}
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/weight_info", 30, stub, "stub")
         with CollectorProcess(Path(workdir) / "data") as collector:
-            results = {}
-            # interleaved, so drift hits all; "no-capture" is instrument(capture_tokens="off"):
-            # OpenInference's span alone, without our token capture
-            # "redacted" hides prompt and completion text (OpenInference serializes much less)
-            for mode in ("bare", "instrumented", "no-capture", "redacted") * 2:
-                times = run(mode, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint)
-                results.setdefault(mode, []).extend(times)
+            for mode in MODES * 2:
+                for key, value in run(mode, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint).items():
+                    results.setdefault(mode, {}).setdefault(key, []).extend(value if isinstance(value, list) else [value])
     finally:
         stop_process(stub)
-    summary = {}
-    for mode, times in results.items():
-        times.sort()
-        summary[mode] = {"median_us": statistics.median(times) * 1e6, "p90_us": times[int(0.9 * len(times))] * 1e6}
-        print(f"{mode:>13}: median {summary[mode]['median_us']:.0f} us, p90 {summary[mode]['p90_us']:.0f} us ({len(times)} calls)")
-    added = summary["instrumented"]["median_us"] - summary["bare"]["median_us"]
-    capture = summary["instrumented"]["median_us"] - summary["no-capture"]["median_us"]
-    print(f"added by instrument(): {added:.0f} us per call (median), of which token capture {capture:.0f} us")
+    bare_median = statistics.median(results["bare"]["separate"])
+    bare_cpu = statistics.mean(results["bare"]["cpu_per_call"])
+    print(f"{'mode':>20} | added, paired (median) | added, separate (median) | added CPU per call | rollout() open+close")
+    for mode in MODES:
+        r = results[mode]
+        separate = statistics.median(r["separate"]) - bare_median
+        cpu = statistics.mean(r["cpu_per_call"]) - bare_cpu
+        if mode == "bare":
+            print(f"{mode:>20} | median call {bare_median * 1e6:.0f} us, CPU {bare_cpu * 1e6:.0f} us per call")
+            continue
+        print(f"{mode:>20} | {statistics.median(r['paired']) * 1e6:18.0f} us | {separate * 1e6:20.0f} us | "
+              f"{cpu * 1e6:14.0f} us | {statistics.median(r['rollout']) * 1e6:.0f} us")  # fmt: skip
 
 
 if __name__ == "__main__":

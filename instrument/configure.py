@@ -30,7 +30,7 @@ from lightning_otel.instrument import options as options_module
 from lightning_otel.instrument import rollouts as rollouts_module
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.integrations import ALL as INTEGRATIONS
-from lightning_otel.instrument.options import CAPTURE_MODES, Options
+from lightning_otel.instrument.options import CAPTURE_MODES, OPENAI_SPAN_MODES, Options
 from lightning_otel.instrument.rollouts import LightningSpanProcessor
 from lightning_otel.instrument.token_encoding import current as token_encoding_in_use
 from lightning_otel.instrument.token_encoding import set_encoding
@@ -129,6 +129,7 @@ def instrument(
     hide_inputs: bool = False,
     hide_outputs: bool = False,
     max_attribute_length: int | None = None,
+    openai_spans: str = "openinference",
 ) -> Instrumentation:
     """Configure tracing for this process and turn on the installed integrations.
 
@@ -144,17 +145,23 @@ def instrument(
       tool arguments / results; token ids and logprobs are kept, training needs them.
     max_attribute_length: cut string attribute values to this many characters (not with base64
       token encoding, whose text must stay whole).
+    openai_spans: spans of OpenAI SDK chat and text completions: 'openinference' (OpenInference's
+      instrumentor, every attribute it records) or 'lean' (our span in OpenInference's conventions,
+      without the full response JSON and tool definitions, at a fraction of the cost per call;
+      README "Instrument an agent"). Other endpoints always use OpenInference's.
     """
     global _state
     if capture_tokens not in CAPTURE_MODES:
         raise ValueError(f"capture_tokens must be one of {CAPTURE_MODES}, got {capture_tokens!r}")
+    if openai_spans not in OPENAI_SPAN_MODES:
+        raise ValueError(f"openai_spans must be one of {OPENAI_SPAN_MODES}, got {openai_spans!r}")
     with _lock:
         if _state is not None:
             return _state
         set_encoding(token_encoding)
         if max_attribute_length is not None and token_encoding_in_use() == "base64":
             raise ValueError("max_attribute_length would cut base64-packed token ids; use token_encoding='bytes'")
-        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs)
+        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs, openai_spans=openai_spans)
         options_module.current = chosen
         url = _endpoint(endpoint)
         current = trace.get_tracer_provider()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lightning_otel.instrument.schema import REDACTED  # noqa: F401 - re-exported for the integrations
+
 CAPTURE_MODES = ("auto", "always", "off")
-REDACTED = "__REDACTED__"  # OpenInference's mask
+OPENAI_SPAN_MODES = ("openinference", "lean")
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,7 @@ class Options:
     capture_tokens: str = "auto"  # ask vLLM for token ids: servers that say they are vLLM / all / none
     hide_inputs: bool = False  # prompts, messages and tool arguments (token ids are kept)
     hide_outputs: bool = False  # completions and tool results (token ids and logprobs are kept)
+    openai_spans: str = "openinference"  # OpenAI SDK completions: OpenInference's span, or our lean one
 
     def trace_config(self):  # noqa: ANN201 - openinference TraceConfig
         from openinference.instrumentation import TraceConfig

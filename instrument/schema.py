@@ -32,6 +32,29 @@ OUTPUT_VALUE = "output.value"
 OUTPUT_MIME_TYPE = "output.mime_type"
 SESSION_ID = "session.id"
 AGENT_NAME = "agent.name"
+# Messages, flattened: f"{LLM_INPUT_MESSAGES}.{i}.{MESSAGE_ROLE}" = "user" (message_attribute below).
+LLM_INPUT_MESSAGES = "llm.input_messages"
+LLM_OUTPUT_MESSAGES = "llm.output_messages"
+MESSAGE_ROLE = "message.role"
+MESSAGE_CONTENT = "message.content"
+MESSAGE_NAME = "message.name"
+MESSAGE_TOOL_CALL_ID = "message.tool_call_id"
+MESSAGE_TOOL_CALLS = "message.tool_calls"  # .{j}.tool_call.id / .function.name / .function.arguments
+TOOL_CALL_ID = "tool_call.id"
+TOOL_CALL_FUNCTION_NAME = "tool_call.function.name"
+TOOL_CALL_FUNCTION_ARGUMENTS = "tool_call.function.arguments"
+MESSAGE_CONTENTS = "message.contents"  # .{j}.message_content.type / .text (content given as parts)
+MESSAGE_CONTENT_TYPE = "message_content.type"
+MESSAGE_CONTENT_TEXT = "message_content.text"
+
+REDACTED = "__REDACTED__"  # OpenInference's mask for hidden text
+
+
+def message_attribute(messages: str, index: int, field: str) -> str:
+    """The flattened name of one message field: ("llm.input_messages", 0, MESSAGE_ROLE) ->
+    "llm.input_messages.0.message.role"."""
+    return f"{messages}.{index}.{field}"
+
 
 # OpenInference span kinds we use.
 KIND_LLM = "LLM"

