@@ -64,8 +64,10 @@ def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:  # 
                 time.sleep(float(reply.getheader("Retry-After", "1")))
                 continue
             break
-        records.append((begin, time.perf_counter(), reply.status, time.time()))
+        records.append((begin, time.perf_counter(), reply.status, time.time(), 0.0))
     connection.close()
+    times = os.times()
+    records[-1] = (*records[-1][:4], times.user + times.system)  # this sender's CPU, once
     results.put(records)
 
 
@@ -85,12 +87,49 @@ def peak_rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process and its live descendants, summed (seconds)."""
+    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return total
+
+
+def cpu_seconds_children(pid: int) -> float:
+    try:
+        children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    except OSError:
+        return 0.0
+    return sum(cpu_seconds(child) for child in children)
+
+
+def parquet_rows(data_dir: Path) -> int:
+    """Rows in the store's Parquet files, from their footers: a poll that costs the collector
+    nothing (a `count(*)` over the deduplicating `spans` view every 0.2 s took CPU from it)."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    for path in (data_dir / "spans").rglob("*.parquet"):
+        try:
+            rows += pq.ParquetFile(path).metadata.num_rows
+        except OSError:
+            continue  # compacted away meanwhile
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--payload", choices=PAYLOADS, default="a")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--senders", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=1, help="collector Parquet conversion processes")
+    parser.add_argument("--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)")
     parser.add_argument("--target", help="post to this URL instead of starting our collector")
     parser.add_argument("--plain-arrays", action="store_true", help="(b) with OTLP int/double arrays, not packed")
     parser.add_argument("--token-encoding", choices=("bytes", "base64"), default="bytes", help="(b) packed as")
@@ -124,6 +163,8 @@ def main() -> None:
         start_at = time.time() + 1.0
         shares = [bodies[i :: args.senders] for i in range(args.senders)]
         processes = [context.Process(target=sender, args=(url, share, start_at, results)) for share in shares]
+        if collector is not None:
+            cpu_before = {"receiver": cpu_seconds(collector.process.pid), "workers": cpu_seconds_children(collector.process.pid)}
         for process in processes:
             process.start()
         records = [r for _ in processes for r in results.get()]
@@ -144,15 +185,21 @@ def main() -> None:
         if collector is not None:
             from lightning_otel.collector import connect
 
-            while True:
-                count = connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0]
-                if count >= total_spans:
-                    break
+            while True:  # cheap footer polls; the view's count confirms (and is timed)
+                if parquet_rows(collector.data_dir) >= total_spans:
+                    if connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] >= total_spans:
+                        break
                 time.sleep(0.2)
             queryable = time.time()
+            cpu = {"receiver": cpu_seconds(collector.process.pid) - cpu_before["receiver"]}
+            cpu["workers"] = cpu_seconds_children(collector.process.pid) - cpu_before["workers"]
+            cpu["receiver"] -= cpu["workers"]
+            cpu["senders"] = sum(r[4] for r in records)
             out["seconds_until_queryable_after_last_ack"] = queryable - last_wall
             out["parquet_spans_per_s"] = total_spans / (queryable - (start_at))
             out["collector_peak_rss_mib"] = peak_rss_mib(collector.process.pid)
+            for role, seconds in cpu.items():  # where the 2 cores went, per span stored
+                out[f"cpu_us_per_span_{role}"] = seconds / total_spans * 1e6
         for key, value in out.items():
             print(f"  {key}: {value:,.1f}" if isinstance(value, float) else f"  {key}: {value}")
         if args.json:

@@ -150,7 +150,7 @@ def _array_bytes(value: Any, typecode: str, is_packed: bool) -> bytes | None:
     return packed.tobytes()
 
 
-def decode_request(body: bytes) -> ExportTraceServiceRequest:
+def decode_request(body: bytes | memoryview) -> ExportTraceServiceRequest:
     """Parse an OTLP/protobuf export body; raises ValueError when it is not one."""
     request = ExportTraceServiceRequest()
     try:
