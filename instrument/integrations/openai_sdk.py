@@ -197,6 +197,16 @@ class _LeanCall:
             self.span.set_attributes(attributes)
         self.span.end()
 
+    def __enter__(self) -> "_LeanCall":
+        """While the request runs: its span is the current one; a failure ends it as an error."""
+        self._token = context_api.attach(trace.set_span_in_context(self.span))
+        return self
+
+    def __exit__(self, kind, exc, traceback) -> None:  # noqa: ANN001
+        context_api.detach(self._token)
+        if exc is not None:
+            self.fail(exc)
+
     def fail(self, exc: BaseException) -> None:
         self.ended = True
         self.span.record_exception(exc)
@@ -231,15 +241,9 @@ def _lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
         call = _lean_call(args, tracer, options)
         if call is None:
             return other(self, *args, **kwargs)  # other endpoints: OpenInference's span
-        token = context_api.attach(trace.set_span_in_context(call.span))
-        try:
+        with call:
             args, call.capture, call.base_url = _prepare(self, args, options.capture_tokens, in_place=True)
             response = original(self, *args, **kwargs)
-        except BaseException as exc:
-            call.fail(exc)
-            raise
-        finally:
-            context_api.detach(token)
         return call.watch(response)
 
     request.__wrapped__ = original
@@ -251,15 +255,9 @@ def _lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options)
         call = _lean_call(args, tracer, options)
         if call is None:
             return await other(self, *args, **kwargs)
-        token = context_api.attach(trace.set_span_in_context(call.span))
-        try:
+        with call:
             args, call.capture, call.base_url = _prepare(self, args, options.capture_tokens, in_place=True)
             response = await original(self, *args, **kwargs)
-        except BaseException as exc:
-            call.fail(exc)
-            raise
-        finally:
-            context_api.detach(token)
         return call.watch(response)
 
     request.__wrapped__ = original
