@@ -49,6 +49,11 @@ with lightning_otel.rollout(task_id="lean") as rollout:
     choice = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse().choices[0]
     returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs, choice.text))
     chat_stream(client.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True))
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=5, stream=True)
+    parsed = raw.parse()
+    del raw  # the raw wrapper goes; the parsed stream is read after it
+    gc.collect()
+    chat_stream(parsed)
     asyncio.run(async_calls())
     early = client.chat.completions.create(model=model, messages=messages, max_tokens=8, stream=True)
     next(iter(early))
@@ -91,11 +96,11 @@ INPUT_CONTENT = schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.ME
 
 def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
     result = _run_agent(vllm_server, session_collector, hide=False)
-    # rollout + 5 complete calls + early-closed + unread + failed + embeddings
-    spans = _spans(session_collector, result["rollout"], 10)
+    # rollout + 6 complete calls + early-closed + unread + failed + embeddings
+    spans = _spans(session_collector, result["rollout"], 11)
     root = next(s for s in spans if s["name"] == schema.SPAN_ROLLOUT)
     llm = [s for s in spans if s["kind"] == schema.KIND_LLM]
-    assert len(llm) == 8 and all(s["parent"] == root["span_id"] for s in llm)
+    assert len(llm) == 9 and all(s["parent"] == root["span_id"] for s in llm)
     complete = [s for s in llm if s["status"] != "ERROR" and s["completion"] and s["prompt"] and len(s["completion"]) <= 5]
     stored = sorted((list(s["prompt"]), list(s["completion"]), s["logprobs"]) for s in complete if s["finish"])
     expected = sorted((p, c, pytest.approx(lp)) for p, c, lp, _ in result["returned"])
@@ -104,7 +109,7 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
         assert s["version"] is not None and s["count"] == len(s["completion"])
         assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]}
     chats = [s for s in complete if s["name"] == "ChatCompletion"]
-    assert len(chats) == 4
+    assert len(chats) == 5
     assert all(s["attributes"][INPUT_CONTENT] == "count to three" for s in chats)
     assert all(s["attributes"][OUTPUT_CONTENT] == s["attributes"][schema.OUTPUT_VALUE] for s in chats)
     # the stream closed after one chunk and the one never read: ended spans, no token ids
@@ -117,11 +122,34 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
 
 def test_lean_spans_redacted_keep_token_ids(vllm_server, session_collector):
     result = _run_agent(vllm_server, session_collector, hide=True)
-    spans = _spans(session_collector, result["rollout"], 10)
+    spans = _spans(session_collector, result["rollout"], 11)
     complete = [s for s in spans if s["kind"] == schema.KIND_LLM and s["completion"] and s["finish"]]
-    assert len(complete) == 5
+    assert len(complete) == 6
     for s in complete:
         a = s["attributes"]
         assert a[schema.INPUT_VALUE] == a[schema.OUTPUT_VALUE] == schema.REDACTED
         assert not any(k.startswith((schema.LLM_INPUT_MESSAGES, schema.LLM_OUTPUT_MESSAGES)) for k in a)
         assert "count to three" not in json.dumps(a) and len(s["logprobs"]) == len(s["completion"])
+
+
+class _BrokenStream:
+    """Stands in for an SDK Stream: a recording failure cannot be made to happen with real vLLM
+    responses (they are always well formed), so the callbacks themselves fail here."""
+
+    def __init__(self, chunks):  # noqa: ANN001
+        self._iterator = iter(chunks)
+
+    def __iter__(self):  # noqa: ANN204
+        return self._iterator
+
+
+def test_a_recording_failure_never_reaches_the_caller():
+    from lightning_otel.instrument.integrations.openai_sdk import _watch
+
+    def broken(*_args):  # noqa: ANN002
+        raise RuntimeError("recording bug")
+
+    stream = _watch(_BrokenStream([1, 2, 3]), broken, broken)
+    assert list(stream._iterator) == [1, 2, 3]  # every chunk still reaches the caller
+    plain = object()
+    assert _watch(plain, broken, broken) is plain

@@ -79,21 +79,30 @@ def _stamp(span: trace.Span, attributes: dict, base_url: str) -> None:
         span.set_attributes(attributes)
 
 
+def _safely(fn: Callable, *args: Any) -> None:
+    """Recording must never break the caller's call or stream: log instead."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001
+        log.exception("lightning_otel: could not record an OpenAI call")
+
+
 def _watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[Any, bool], None]) -> Any:
     """Call on_done(parsed, True) for a plain response now. For a stream, swap its iterator for one
     that feeds each chunk to on_chunk as the caller consumes it and calls on_done(None, completed)
-    when it ends (completed: it ran to its end rather than being closed early). The object the
-    caller (and OpenInference) sees is still the SDK's own Stream."""
+    when it ends (completed: it ran to its end rather than being closed early), or when the stream
+    object is dropped unread. The object the caller (and OpenInference) sees is still the SDK's own
+    Stream. Errors in on_chunk/on_done are logged, never raised into the caller."""
     parsed = response
     if hasattr(response, "parse") and callable(response.parse):  # .with_raw_response
         try:
-            parsed = response.parse()
+            parsed = response.parse()  # cached by the SDK: the caller's parse() gets this object
         except Exception:  # noqa: BLE001 - the caller gets the response either way
-            on_done(None, False)
+            _safely(on_done, None, False)
             return response
     iterator = getattr(parsed, "_iterator", None)
     if iterator is None:
-        on_done(parsed, True)
+        _safely(on_done, parsed, True)
         return response
     if hasattr(iterator, "__anext__"):
 
@@ -101,11 +110,11 @@ def _watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[An
             completed = False
             try:
                 async for chunk in iterator:
-                    on_chunk(chunk)
+                    _safely(on_chunk, chunk)
                     yield chunk
                 completed = True
             finally:
-                on_done(None, completed)
+                _safely(on_done, None, completed)
 
         parsed._iterator = watching_async()
     else:
@@ -114,13 +123,14 @@ def _watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[An
             completed = False
             try:
                 for chunk in iterator:
-                    on_chunk(chunk)
+                    _safely(on_chunk, chunk)
                     yield chunk
                 completed = True
             finally:
-                on_done(None, completed)
+                _safely(on_done, None, completed)
 
         parsed._iterator = watching()
+    weakref.finalize(parsed, _safely, on_done, None, False)  # never read: a generator not started has no finally
     return response
 
 
@@ -182,20 +192,22 @@ class _LeanCall:
         if self.ended:
             return
         self.ended = True
-        if parsed is not None:
-            attributes = response_attributes(self.kind, parsed, self.hide_outputs)
+        try:
+            if parsed is not None:
+                attributes = response_attributes(self.kind, parsed, self.hide_outputs)
+                if self.capture:
+                    attributes.update(token_attributes(self.capture, parsed))
+            else:  # a stream: what it delivered (token ids only when it ran to its end)
+                attributes = output_attributes(self.kind, "".join(self.texts), self.hide_outputs)
+                if self.accumulator is not None and completed:
+                    attributes.update(self.accumulator.attributes())
+                    attributes.update(self.accumulator.token_counts())  # streams carry no usage unless asked
             if self.capture:
-                attributes.update(token_attributes(self.capture, parsed))
-        else:  # a stream: what it delivered (token ids only when it ran to its end)
-            attributes = output_attributes(self.kind, "".join(self.texts), self.hide_outputs)
-            if self.accumulator is not None and completed:
-                attributes.update(self.accumulator.attributes())
-                attributes.update(self.accumulator.token_counts())  # streams carry no usage unless asked
-        if self.capture:
-            _stamp(self.span, attributes, self.base_url)
-        elif attributes:
-            self.span.set_attributes(attributes)
-        self.span.end()
+                _stamp(self.span, attributes, self.base_url)
+            elif attributes:
+                self.span.set_attributes(attributes)
+        finally:
+            self.span.end()  # with what could be recorded, whatever went wrong
 
     def __enter__(self) -> "_LeanCall":
         """While the request runs: its span is the current one; a failure ends it as an error."""
@@ -215,10 +227,7 @@ class _LeanCall:
 
     def watch(self, response: Any) -> Any:
         self.accumulator = StreamAccumulator(self.capture) if self.capture else None
-        watched = _watch(response, self.chunk, self.done)
-        if not self.ended:  # a stream the caller may drop unread: end the span when it goes
-            weakref.finalize(watched, self.done, None, False)
-        return watched
+        return _watch(response, self.chunk, self.done)
 
 
 _SPAN_NAMES = {CHAT: "ChatCompletion", COMPLETIONS: "Completion"}
@@ -233,7 +242,11 @@ def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall
     body = getattr(args[1], "json_data", None)
     if kind is None or not isinstance(body, dict):
         return None
-    return _LeanCall(tracer, kind, body, options)
+    try:
+        return _LeanCall(tracer, kind, body, options)
+    except Exception:  # noqa: BLE001 - an unexpected body: OpenInference's span instead, never a failed call
+        log.exception("lightning_otel: could not start a lean span; using OpenInference's")
+        return None
 
 
 def _lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):  # noqa: ANN001, ANN202
