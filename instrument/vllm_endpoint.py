@@ -50,13 +50,11 @@ def token_request_fields(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_field(obj: Any, key: str) -> Any:
     """obj[key] of a dict, obj.key of an SDK object (or its pydantic extras), else None.
-    Runs tens of times per model call: the common cases come first."""
-    if type(obj) is dict:
+    Runs tens of times per model call: plain dicts skip the abstract-class check."""
+    if type(obj) is dict or isinstance(obj, Mapping):
         return obj.get(key)
     value = getattr(obj, key, None)
     if value is None:
-        if isinstance(obj, Mapping):
-            return obj.get(key)
         extra = getattr(obj, "model_extra", None)  # vLLM-only fields on openai's pydantic models
         if extra:
             value = extra.get(key)
