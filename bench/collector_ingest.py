@@ -64,50 +64,57 @@ def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:  # 
                 time.sleep(float(reply.getheader("Retry-After", "1")))
                 continue
             break
-        records.append((begin, time.perf_counter(), reply.status, time.time(), 0.0))
+        records.append((begin, time.perf_counter(), reply.status, time.time()))
     connection.close()
     times = os.times()
-    records[-1] = (*records[-1][:4], times.user + times.system)  # this sender's CPU, once
-    results.put(records)
+    results.put((records, times.user + times.system))  # with this sender's CPU
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    except OSError:
+        return []  # gone meanwhile
+
+
+def _tree(pid: int) -> list[int]:
+    """The process and its live descendants."""
+    pids, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        pids.append(current)
+        todo += _children(current)
+    return pids
+
+
+def _peak_rss_kib(pid: int) -> int:
+    try:
+        return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def peak_rss_mib(pid: int) -> float:
     """VmHWM of the process and its live descendants, summed."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1])
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return total / 1024
+    return sum(_peak_rss_kib(p) for p in _tree(pid)) / 1024
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU of the process and its live descendants, summed (seconds)."""
-    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
-    while todo:
-        current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return total
+    return sum(_cpu_s(p) for p in _tree(pid))
 
 
 def cpu_seconds_children(pid: int) -> float:
-    try:
-        children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-    except OSError:
-        return 0.0
-    return sum(cpu_seconds(child) for child in children)
+    """cpu_seconds of the process's descendants only."""
+    return sum(cpu_seconds(child) for child in _children(pid))
 
 
 def parquet_rows(data_dir: Path) -> int:
@@ -167,7 +174,8 @@ def main() -> None:
             cpu_before = {"receiver": cpu_seconds(collector.process.pid), "workers": cpu_seconds_children(collector.process.pid)}
         for process in processes:
             process.start()
-        records = [r for _ in processes for r in results.get()]
+        sent = [results.get() for _ in processes]
+        records = [r for share_records, _ in sent for r in share_records]
         for process in processes:
             process.join()
         first = min(r[0] for r in records)
@@ -194,7 +202,7 @@ def main() -> None:
             cpu = {"receiver": cpu_seconds(collector.process.pid) - cpu_before["receiver"]}
             cpu["workers"] = cpu_seconds_children(collector.process.pid) - cpu_before["workers"]
             cpu["receiver"] -= cpu["workers"]
-            cpu["senders"] = sum(r[4] for r in records)
+            cpu["senders"] = sum(seconds for _, seconds in sent)
             out["seconds_until_queryable_after_last_ack"] = queryable - last_wall
             out["parquet_spans_per_s"] = total_spans / (queryable - (start_at))
             out["collector_peak_rss_mib"] = peak_rss_mib(collector.process.pid)

@@ -38,7 +38,6 @@ from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.auth import bearer_ok
-from lightning_otel.instrument.options import REDACTED
 from lightning_otel.instrument.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
 
 log = logging.getLogger(__name__)
@@ -367,7 +366,7 @@ class Gateway:
             **call.rollout,
         }
         if call.body is not None:
-            attributes[schema.INPUT_VALUE] = REDACTED if self.config.hide_inputs else json.dumps(call.body)
+            attributes[schema.INPUT_VALUE] = schema.REDACTED if self.config.hide_inputs else json.dumps(call.body)
             attributes[schema.INPUT_MIME_TYPE] = "application/json"
             parameters = {k: v for k, v in call.body.items() if k not in ("messages", "prompt")}
             attributes[schema.LLM_INVOCATION_PARAMETERS] = json.dumps(parameters)
@@ -394,7 +393,7 @@ class Gateway:
                         attributes[name] = usage[key]
                 if response.get("model"):
                     attributes[schema.LLM_MODEL_NAME] = response["model"]
-                attributes[schema.OUTPUT_VALUE] = REDACTED if self.config.hide_outputs else payload.decode()
+                attributes[schema.OUTPUT_VALUE] = schema.REDACTED if self.config.hide_outputs else payload.decode()
                 attributes[schema.OUTPUT_MIME_TYPE] = "application/json"
             except (ValueError, AttributeError):
                 pass

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_otel.instrument.schema import REDACTED  # noqa: F401 - re-exported for the integrations
-
 CAPTURE_MODES = ("auto", "always", "off")
 OPENAI_SPAN_MODES = ("openinference", "lean")
 

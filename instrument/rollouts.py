@@ -141,7 +141,7 @@ def agent(name: str, attributes: dict[str, Any] | None = None) -> Iterator[trace
 
 def _preview(value: Any, hidden: bool) -> str:
     if hidden:
-        return options.REDACTED
+        return schema.REDACTED
     try:
         text = value if isinstance(value, str) else json.dumps(value, default=repr)
     except (TypeError, ValueError):

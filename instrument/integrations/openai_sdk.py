@@ -49,10 +49,8 @@ def _client_headers(client: Any) -> dict[str, str]:
         return {}
 
 
-def _prepare(client: Any, args: tuple, capture: str, in_place: bool = False) -> tuple[tuple, str | None, str | None]:
-    """(args with token fields added, endpoint kind or None to skip capture, base URL).
-    in_place: add them to the request options object itself (it is made per call by the SDK, and
-    the SDK copies it before use) rather than to a copy; only when no other wrapper holds it."""
+def _prepare(client: Any, args: tuple, capture: str) -> tuple[tuple, str | None, str | None]:
+    """(args with token fields added, endpoint kind or None to skip capture, base URL)."""
     if capture == "off" or len(args) < 2:
         return args, None, None
     options = args[1]
@@ -60,19 +58,28 @@ def _prepare(client: Any, args: tuple, capture: str, in_place: bool = False) -> 
     body = getattr(options, "json_data", None)
     if kind is None or not isinstance(body, dict):
         return args, None, None
-    base_url = str(client.base_url)
-    if capture == "auto" and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, _client_headers(client))).is_vllm:
+    fields = _token_fields(client, options, kind, body, capture)
+    if fields is None:
         return args, None, None
-    extra = dict(options.extra_json or {})
-    extra.update(token_request_fields(kind, {**body, **extra}))
-    if in_place:
-        options.extra_json = extra
-        return args, kind, base_url
+    extra, base_url = fields
     return (args[0], options.model_copy(update={"extra_json": extra}), *args[2:]), kind, base_url
 
 
-def _stamp(span: trace.Span, attributes: dict, base_url: str) -> None:
-    version = ENDPOINTS.weight_version(base_url)
+def _token_fields(client: Any, options: Any, kind: str, body: dict, capture: str) -> tuple[dict, str] | None:
+    """(the request's extra JSON with vLLM's token fields added, the base URL), or None when tokens
+    are not captured for this server."""
+    if capture == "off":
+        return None
+    base_url = str(client.base_url)
+    if capture == "auto" and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, _client_headers(client))).is_vllm:
+        return None
+    extra = dict(options.extra_json or {})
+    extra.update(token_request_fields(kind, {**body, **extra}))
+    return extra, base_url
+
+
+def _stamp(span: trace.Span, attributes: dict, base_url: str | None) -> None:
+    version = ENDPOINTS.weight_version(base_url) if base_url else None
     if version is not None:
         attributes[schema.POLICY_VERSION] = version
     if attributes and span.is_recording():
@@ -172,11 +179,10 @@ class _LeanCall:
     """One chat/completions call's span, from request to the end of its response or stream."""
 
     def __init__(self, tracer: trace.Tracer, kind: str, body: dict, options: Options) -> None:
-        self.kind, self.hide_outputs = kind, options.hide_outputs
+        self.kind, self.body, self.hide_outputs = kind, body, options.hide_outputs
         self.span = tracer.start_span(_SPAN_NAMES[kind], kind=trace.SpanKind.CLIENT,
                                       attributes=request_attributes(kind, body, options.hide_inputs))  # fmt: skip
-        self.capture: str | None = None  # endpoint kind when tokens are captured
-        self.base_url: str | None = None
+        self.base_url: str | None = None  # set when token ids are captured
         self.accumulator: StreamAccumulator | None = None
         self.texts: list[str] = []
         self.ended = False
@@ -195,17 +201,14 @@ class _LeanCall:
         try:
             if parsed is not None:
                 attributes = response_attributes(self.kind, parsed, self.hide_outputs)
-                if self.capture:
-                    attributes.update(token_attributes(self.capture, parsed))
+                if self.base_url:
+                    attributes.update(token_attributes(self.kind, parsed))
             else:  # a stream: what it delivered (token ids only when it ran to its end)
                 attributes = output_attributes(self.kind, "".join(self.texts), self.hide_outputs)
                 if self.accumulator is not None and completed:
                     attributes.update(self.accumulator.attributes())
                     attributes.update(self.accumulator.token_counts())  # streams carry no usage unless asked
-            if self.capture:
-                _stamp(self.span, attributes, self.base_url)
-            elif attributes:
-                self.span.set_attributes(attributes)
+            _stamp(self.span, attributes, self.base_url)
         finally:
             self.span.end()  # with what could be recorded, whatever went wrong
 
@@ -225,8 +228,15 @@ class _LeanCall:
         self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         self.span.end()
 
+    def add_token_fields(self, client: Any, request_options: Any, capture: str) -> None:
+        """Ask vLLM for token ids and logprobs, on the SDK's request options themselves (made per
+        call, and copied by the SDK before use; no other wrapper holds them)."""
+        fields = _token_fields(client, request_options, self.kind, self.body, capture)
+        if fields is not None:
+            request_options.extra_json, self.base_url = fields
+
     def watch(self, response: Any) -> Any:
-        self.accumulator = StreamAccumulator(self.capture) if self.capture else None
+        self.accumulator = StreamAccumulator(self.kind) if self.base_url else None
         return _watch(response, self.chunk, self.done)
 
 
@@ -255,7 +265,7 @@ def _lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
         if call is None:
             return other(self, *args, **kwargs)  # other endpoints: OpenInference's span
         with call:
-            args, call.capture, call.base_url = _prepare(self, args, options.capture_tokens, in_place=True)
+            call.add_token_fields(self, args[1], options.capture_tokens)
             response = original(self, *args, **kwargs)
         return call.watch(response)
 
@@ -269,7 +279,7 @@ def _lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options)
         if call is None:
             return await other(self, *args, **kwargs)
         with call:
-            args, call.capture, call.base_url = _prepare(self, args, options.capture_tokens, in_place=True)
+            call.add_token_fields(self, args[1], options.capture_tokens)
             response = await original(self, *args, **kwargs)
         return call.watch(response)
 
