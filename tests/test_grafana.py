@@ -146,7 +146,10 @@ def test_spans_and_llm_calls(views, reference, raw_spans, time_range):
     [(_, spans, calls)] = run(views, p, time_range, ONE_BUCKET_MS)
     assert spans == len(raw_spans)
     assert calls == reference.execute("SELECT count(*) FROM llm_calls").fetchone()[0] > 0
-    fine = run(views, p, time_range)
+    # buckets a quarter of the spans' extent: several, however fast the demo ran (fixed 10 s buckets
+    # held a whole fast run in one, a fresh-clone CI failure)
+    starts = [s["start_time"] for s in raw_spans]
+    fine = run(views, p, time_range, max(1, int((max(starts) - min(starts)).total_seconds() * 1000) // 4))
     assert len(fine) > 1 and sum(r[1] for r in fine) == spans and sum(r[2] for r in fine) == calls
 
 
