@@ -26,17 +26,20 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from lightning_otel.collector.spans_table import SPANS_SCHEMA, decode_request, to_batch
+from lightning_otel.collector.spans_fast import batch_from_body
+from lightning_otel.collector.spans_table import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import WriteAheadLog, read_segment
 
 log = logging.getLogger(__name__)
+IDLE_ROTATE_BYTES = 1024 * 1024
+IDLE_ROTATE_S = 0.05
 
 
-def convert_segment(store_uri: str, wal_path: str, segment: str) -> int:
+def convert_segment(store_uri: str, wal_path: str, segment: str, verify: bool = True) -> int:
     """WAL segment -> Parquet files, then delete the segment. Runs in a worker process."""
     store = Store(store_uri)
-    batches = [to_batch([decode_request(body)]) for body in read_segment(Path(wal_path))]
+    batches = [batch_from_body(body) for body in read_segment(Path(wal_path), verify)]
     rows = sum(b.num_rows for b in batches)
     if rows:
         store.write_segment(segment, pa.Table.from_batches(batches, SPANS_SCHEMA))
@@ -102,6 +105,8 @@ class Pipeline:
         self.executor: Executor = (
             ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 0 else _InlineExecutor()
         )
+        # Segments from an earlier run may end in a torn record: only their CRCs are checked.
+        self._inherited = set(wal.segments())
         self._inflight: dict[str, Future] = {}
         self._doomed: list[tuple[float, list[str]]] = []  # (delete after, paths)
         self._last_maintenance = time.monotonic()
@@ -115,7 +120,8 @@ class Pipeline:
         for segment in self.wal.closed_segments():
             if segment not in self._inflight:
                 path = str(self.wal.path(segment))
-                self._inflight[segment] = self.executor.submit(convert_segment, self.store.uri, path, segment)
+                verify = segment in self._inherited
+                self._inflight[segment] = self.executor.submit(convert_segment, self.store.uri, path, segment, verify)
 
     def _collect(self, wait: bool) -> None:
         for segment, future in list(self._inflight.items()):
@@ -200,13 +206,17 @@ class Pipeline:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _run(self) -> None:
-        # Segments closed by size are handed to a worker within ~0.1 s; the active segment is
-        # closed by time every flush_interval_s, which bounds how stale queries can be.
+        # Segments closed by size are handed to a worker within ~0.05 s; the active segment is
+        # closed by time every flush_interval_s, which bounds how stale queries can be, or as soon
+        # as exports pause once it holds IDLE_ROTATE_BYTES: the end of a burst is queryable at
+        # once, while a trickle of small exports still shares one segment (and file) per interval.
         last_rotation = time.monotonic()
-        while not self._stop.wait(min(0.1, self.flush_interval_s)):
+        while not self._stop.wait(min(0.05, self.flush_interval_s)):
             try:
                 with self._lock:
-                    if time.monotonic() - last_rotation >= self.flush_interval_s:
+                    active = self.wal.active_idle()
+                    idle = active is not None and active[0] >= IDLE_ROTATE_BYTES and active[1] >= IDLE_ROTATE_S
+                    if idle or time.monotonic() - last_rotation >= self.flush_interval_s:
                         self.wal.rotate()
                         last_rotation = time.monotonic()
                     self._submit_closed()

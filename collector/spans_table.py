@@ -28,8 +28,8 @@ from lightning_otel.instrument import schema
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 _BIG_ENDIAN = sys.byteorder == "big"
 
-# scalar promoted columns: (column, arrow type, attribute, accepted python type)
-_SCALARS: tuple[tuple[str, pa.DataType, str, type], ...] = (
+# promoted scalar columns: (column, arrow type, attribute, accepted python type)
+SCALARS: tuple[tuple[str, pa.DataType, str, type], ...] = (
     ("span_kind", pa.string(), schema.OPENINFERENCE_SPAN_KIND, str),
     ("model_name", pa.string(), schema.LLM_MODEL_NAME, str),
     ("token_count_prompt", pa.int64(), schema.LLM_TOKEN_COUNT_PROMPT, int),
@@ -46,7 +46,7 @@ _SCALARS: tuple[tuple[str, pa.DataType, str, type], ...] = (
     ("finish_reason", pa.string(), schema.FINISH_REASON, str),
 )
 # list columns: (column, element type, typecode, plain-array attribute, packed attribute)
-_LISTS: tuple[tuple[str, pa.DataType, str, str, str], ...] = (
+LISTS: tuple[tuple[str, pa.DataType, str, str, str], ...] = (
     ("prompt_token_ids", pa.int32(), "i", schema.PROMPT_TOKEN_IDS, schema.PACKED_PROMPT_TOKEN_IDS),
     ("completion_token_ids", pa.int32(), "i", schema.COMPLETION_TOKEN_IDS, schema.PACKED_COMPLETION_TOKEN_IDS),
     ("completion_logprobs", pa.float64(), "d", schema.COMPLETION_LOGPROBS, schema.PACKED_COMPLETION_LOGPROBS),
@@ -66,21 +66,23 @@ SPANS_SCHEMA = pa.schema(
         ("status_message", pa.string()),
         ("service_name", pa.string()),
         ("scope_name", pa.string()),
-        *[(column, dtype) for column, dtype, _, _ in _SCALARS],
-        *[(column, pa.list_(dtype)) for column, dtype, _, _, _ in _LISTS],
+        *[(column, dtype) for column, dtype, _, _ in SCALARS],
+        *[(column, pa.list_(dtype)) for column, dtype, _, _, _ in LISTS],
         ("attributes", pa.map_(pa.string(), pa.string())),
         ("resource_attributes", pa.map_(pa.string(), pa.string())),
         ("events", pa.string()),  # JSON list of {name, time_unix_nano, attributes}
     ]
 )
 
-_SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
-_STATUS = {0: "UNSET", 1: "OK", 2: "ERROR"}
+FIXED_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "duration_ms",
+                 "status_code", "status_message", "service_name", "scope_name", "events")  # fmt: skip
+SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
+STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 # attribute -> (is_list, index, accepted type for scalars / is_packed for lists)
-_SLOTS: dict[str, tuple[bool, int, Any]] = {
-    **{attribute: (False, i, kind) for i, (_, _, attribute, kind) in enumerate(_SCALARS)},
-    **{plain: (True, i, False) for i, (_, _, _, plain, _) in enumerate(_LISTS)},
-    **{packed: (True, i, True) for i, (_, _, _, _, packed) in enumerate(_LISTS)},
+SLOTS: dict[str, tuple[bool, int, Any]] = {
+    **{attribute: (False, i, kind) for i, (_, _, attribute, kind) in enumerate(SCALARS)},
+    **{plain: (True, i, False) for i, (_, _, _, plain, _) in enumerate(LISTS)},
+    **{packed: (True, i, True) for i, (_, _, _, _, packed) in enumerate(LISTS)},
 }
 
 
@@ -97,7 +99,13 @@ def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
     return getattr(value, which)
 
 
-def _as_text(value: Any) -> str:
+def plain_value(value, which: str) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
+    """A value as promotion sees it: bytes stay bytes (packed arrays), the rest as any_value."""
+    return value.bytes_value if which == "bytes_value" else (value.string_value if which == "string_value" else any_value(value))
+
+
+def as_text(value: Any) -> str:
+    """How a value is kept in an attribute map: strings as they are, the rest as JSON."""
     return value if isinstance(value, str) else json.dumps(value)
 
 
@@ -106,13 +114,13 @@ def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists
     is_list, index, kind = slot
     if which is None:
         return True  # an empty value: nothing to keep
-    plain = value.bytes_value if which == "bytes_value" else (value.string_value if which == "string_value" else any_value(value))
+    plain = plain_value(value, which)
     if not is_list:
         if not _fits(plain, kind):
             return False
         row_scalars[index] = float(plain) if kind is float else plain
         return True
-    data = _array_bytes(plain, _LISTS[index][2], kind)
+    data = array_bytes(plain, LISTS[index][2], kind)
     if data is None:
         return False
     if kind or row_lists[index] is None:  # a packed value wins over a plain array
@@ -128,7 +136,7 @@ def _fits(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def _array_bytes(value: Any, typecode: str, is_packed: bool) -> bytes | None:
+def array_bytes(value: Any, typecode: str, is_packed: bool) -> bytes | None:
     """Native-order bytes of a token/logprob array, or None if the value is not one.
     Packed values are little-endian bytes, or those bytes in base64."""
     try:
@@ -173,11 +181,9 @@ class _Builder:
     """Accumulates one record batch's columns as flat Python lists and byte chunks."""
 
     def __init__(self) -> None:
-        self.fixed: dict[str, list] = {name: [] for name in (
-            "trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "duration_ms",
-            "status_code", "status_message", "service_name", "scope_name", "events")}  # fmt: skip
-        self.scalars: list[list] = [[] for _ in _SCALARS]
-        self.lists: list[list[bytes | None]] = [[] for _ in _LISTS]
+        self.fixed: dict[str, list] = {name: [] for name in FIXED_COLUMNS}
+        self.scalars: list[list] = [[] for _ in SCALARS]
+        self.lists: list[list[bytes | None]] = [[] for _ in LISTS]
         self.attr_keys: list[str] = []
         self.attr_values: list[str] = []
         self.attr_offsets: list[int] = [0]
@@ -195,13 +201,13 @@ class _Builder:
                                                      fixed["service_name"], fixed["scope_name"], fixed["events"])  # fmt: skip
         scalars, lists = self.scalars, self.lists
         keys, values, offsets = self.attr_keys, self.attr_values, self.attr_offsets
-        keys_append, values_append, slot_of = keys.append, values.append, _SLOTS.get
-        n_scalars, n_lists = len(_SCALARS), len(_LISTS)
+        keys_append, values_append, slot_of = keys.append, values.append, SLOTS.get
+        n_scalars, n_lists = len(SCALARS), len(LISTS)
         for resource_spans in request.resource_spans:
             resource = [(kv.key, any_value(kv.value)) for kv in resource_spans.resource.attributes]
             service = next((v for k, v in resource if k == schema.SERVICE_NAME and isinstance(v, str)), None)
             resource_keys = [k for k, _ in resource]
-            resource_values = [_as_text(v) for _, v in resource]
+            resource_values = [as_text(v) for _, v in resource]
             for scope_spans in resource_spans.scope_spans:
                 scope_name = scope_spans.scope.name or None
                 for span in scope_spans.spans:
@@ -217,7 +223,7 @@ class _Builder:
                                 values_append(value.string_value)
                             elif which is not None:
                                 keys_append(key)
-                                values_append(value.bytes_value.hex() if which == "bytes_value" else _as_text(any_value(value)))
+                                values_append(value.bytes_value.hex() if which == "bytes_value" else as_text(any_value(value)))
                     offsets.append(len(keys))
                     for column, cell in zip(scalars, row_scalars):
                         column.append(cell)
@@ -228,38 +234,42 @@ class _Builder:
                     span_ids.append(span.span_id.hex())
                     parents.append(span.parent_span_id.hex() or None)
                     names.append(span.name)
-                    kinds.append(_SPAN_KINDS.get(span.kind) or str(span.kind))
+                    kinds.append(SPAN_KINDS.get(span.kind) or str(span.kind))
                     starts.append(start // 1000)
                     ends.append(end // 1000)
                     durations.append((end - start) / 1e6)
                     status = span.status
-                    codes.append(_STATUS.get(status.code) or str(status.code))
+                    codes.append(STATUS_CODES.get(status.code) or str(status.code))
                     messages.append(status.message or None)
                     services.append(service)
                     scopes.append(scope_name)
-                    events.append(_events_json(span.events) if span.events else None)
+                    events.append(events_json(span.events) if span.events else None)
                     self.res_keys.extend(resource_keys)
                     self.res_values.extend(resource_values)
                     self.res_offsets.append(len(self.res_keys))
 
     def batch(self) -> pa.RecordBatch:
-        columns: dict[str, pa.Array] = {}
-        for name, values in self.fixed.items():
-            columns[name] = pa.array(values, SPANS_SCHEMA.field(name).type)
-        for (column, dtype, _, _), values in zip(_SCALARS, self.scalars):
-            columns[column] = pa.array(values, dtype)
-        for (column, dtype, _, _, _), chunks in zip(_LISTS, self.lists):
-            columns[column] = _list_array(chunks, dtype)
-        columns["attributes"] = pa.MapArray.from_arrays(
-            pa.array(self.attr_offsets, pa.int32()), pa.array(self.attr_keys, pa.string()), pa.array(self.attr_values, pa.string())
-        )
-        columns["resource_attributes"] = pa.MapArray.from_arrays(
-            pa.array(self.res_offsets, pa.int32()), pa.array(self.res_keys, pa.string()), pa.array(self.res_values, pa.string())
-        )
-        return pa.RecordBatch.from_arrays([columns[f.name] for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
+        lists = [_list_array(chunks, dtype) for (_, dtype, _, _, _), chunks in zip(LISTS, self.lists)]
+        return assemble(list(self.fixed.values()), self.scalars, lists, (self.attr_offsets, self.attr_keys, self.attr_values),
+                        (self.res_offsets, self.res_keys, self.res_values))  # fmt: skip
 
 
-def _events_json(events) -> str:  # noqa: ANN001 - repeated Span.Event
+def assemble(fixed: list[list], scalars: list[list], lists: list[pa.Array], attributes: tuple, resource: tuple) -> pa.RecordBatch:
+    """A record batch from per-column Python lists (FIXED_COLUMNS, then SCALARS' columns), built
+    list columns, and the two attribute maps as (offsets, keys, values)."""
+    columns: dict[str, pa.Array] = {}
+    for name, values in zip(FIXED_COLUMNS, fixed):
+        columns[name] = pa.array(values, SPANS_SCHEMA.field(name).type)
+    for (column, dtype, _, _), values in zip(SCALARS, scalars):
+        columns[column] = pa.array(values, dtype)
+    for (column, _, _, _, _), array in zip(LISTS, lists):
+        columns[column] = array
+    for column, (offsets, keys, values) in (("attributes", attributes), ("resource_attributes", resource)):
+        columns[column] = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string()))
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
+
+
+def events_json(events) -> str:  # noqa: ANN001 - repeated Span.Event
     return json.dumps([
         {"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": {kv.key: any_value(kv.value) for kv in e.attributes}}
         for e in events

@@ -20,6 +20,9 @@ import pytest
 
 from lightning_otel.servers import CollectorProcess, VLLMServer
 
+# bench/payloads.py builds the benchmarks' OTLP requests; some tests decode the same ones.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
 # No internet here: LiteLLM would try to fetch its price list at import, with retries and sleeps.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
