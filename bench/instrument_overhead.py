@@ -89,7 +89,11 @@ def run(mode: str, url: str, calls: int, endpoint: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
     args = parser.parse_args()
+    modes = tuple(dict.fromkeys(["bare", *args.modes.split(",")]))  # bare is the baseline
+    if not set(modes) <= set(MODES):
+        parser.error(f"unknown modes: {sorted(set(modes) - set(MODES))}")
     from lightning_otel.servers import CollectorProcess, free_port, stop_process, wait_http_ok
 
     port = free_port()
@@ -99,7 +103,7 @@ def main() -> None:
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/weight_info", 30, stub, "stub")
         with CollectorProcess(Path(workdir) / "data") as collector:
-            for mode in MODES * 2:
+            for mode in modes * 2:
                 for key, value in run(mode, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint).items():
                     results.setdefault(mode, {}).setdefault(key, []).extend(value if isinstance(value, list) else [value])
     finally:
@@ -107,7 +111,7 @@ def main() -> None:
     bare_median = statistics.median(results["bare"]["separate"])
     bare_cpu = statistics.mean(results["bare"]["cpu_per_call"])
     print(f"{'mode':>20} | added, paired (median) | added, separate (median) | added CPU per call | rollout() open+close")
-    for mode in MODES:
+    for mode in modes:
         r = results[mode]
         separate = statistics.median(r["separate"]) - bare_median
         cpu = statistics.mean(r["cpu_per_call"]) - bare_cpu

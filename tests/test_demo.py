@@ -29,6 +29,9 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
         [sys.executable, "-m", "lightning_otel", "demo", "--workdir", str(workdir),
          "--iterations", str(iterations), "--tasks", "2", "--rollouts", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and a
+        # child inherits that, so Ctrl-C would never reach the demo
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
 
 

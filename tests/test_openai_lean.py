@@ -46,6 +46,9 @@ async def async_calls():
 
 with lightning_otel.rollout(task_id="lean") as rollout:
     chat(client.chat.completions.create(model=model, messages=messages, max_tokens=5))
+    own = [{"role": "user", "content": "count to three"}]
+    chat(client.chat.completions.create(model=model, messages=own, max_tokens=5))
+    own.append({"role": "user", "content": "appended after the call"})  # the span is built later: a snapshot
     choice = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse().choices[0]
     returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs, choice.text))
     chat_stream(client.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True))
@@ -96,11 +99,11 @@ INPUT_CONTENT = schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.ME
 
 def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
     result = _run_agent(vllm_server, session_collector, hide=False)
-    # rollout + 6 complete calls + early-closed + unread + failed + embeddings
-    spans = _spans(session_collector, result["rollout"], 11)
+    # rollout + 7 complete calls + early-closed + unread + failed + embeddings
+    spans = _spans(session_collector, result["rollout"], 12)
     root = next(s for s in spans if s["name"] == schema.SPAN_ROLLOUT)
     llm = [s for s in spans if s["kind"] == schema.KIND_LLM]
-    assert len(llm) == 9 and all(s["parent"] == root["span_id"] for s in llm)
+    assert len(llm) == 10 and all(s["parent"] == root["span_id"] for s in llm)
     complete = [s for s in llm if s["status"] != "ERROR" and s["completion"] and s["prompt"] and len(s["completion"]) <= 5]
     stored = sorted((list(s["prompt"]), list(s["completion"]), s["logprobs"]) for s in complete if s["finish"])
     expected = sorted((p, c, pytest.approx(lp)) for p, c, lp, _ in result["returned"])
@@ -109,8 +112,10 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
         assert s["version"] is not None and s["count"] == len(s["completion"])
         assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]}
     chats = [s for s in complete if s["name"] == "ChatCompletion"]
-    assert len(chats) == 5
+    assert len(chats) == 6
     assert all(s["attributes"][INPUT_CONTENT] == "count to three" for s in chats)
+    second = schema.message_attribute(schema.LLM_INPUT_MESSAGES, 1, schema.MESSAGE_CONTENT)
+    assert not any(second in s["attributes"] for s in chats)  # the messages as sent, not as appended to later
     assert all(s["attributes"][OUTPUT_CONTENT] == s["attributes"][schema.OUTPUT_VALUE] for s in chats)
     # the stream closed after one chunk and the one never read: ended spans, no token ids
     assert sum(1 for s in llm if s["status"] != "ERROR" and not s["completion"]) == 2
@@ -122,9 +127,9 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
 
 def test_lean_spans_redacted_keep_token_ids(vllm_server, session_collector):
     result = _run_agent(vllm_server, session_collector, hide=True)
-    spans = _spans(session_collector, result["rollout"], 11)
+    spans = _spans(session_collector, result["rollout"], 12)
     complete = [s for s in spans if s["kind"] == schema.KIND_LLM and s["completion"] and s["finish"]]
-    assert len(complete) == 6
+    assert len(complete) == 7
     for s in complete:
         a = s["attributes"]
         assert a[schema.INPUT_VALUE] == a[schema.OUTPUT_VALUE] == schema.REDACTED
@@ -153,3 +158,20 @@ def test_a_recording_failure_never_reaches_the_caller():
     assert list(stream._iterator) == [1, 2, 3]  # every chunk still reaches the caller
     plain = object()
     assert _watch(plain, broken, broken) is plain
+
+
+def test_lean_spans_pending_at_exit_are_exported(vllm_server, session_collector):
+    # The last call's span is still queued on the deferred builder when the script ends without
+    # flush(): the provider's exit hook builds it, then exports it.
+    script = (
+        "import openai, lightning_otel\n"
+        f"lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, service_name='lean-exit', openai_spans='lean')\n"
+        f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
+        "with lightning_otel.rollout(task_id='lean-exit-task'):\n"
+        f"    client.chat.completions.create(model={vllm_server.served_model_name!r}, messages=[{{'role': 'user', 'content': 'hi'}}], max_tokens=3)\n"
+    )  # fmt: skip
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    conn = connect(session_collector.data_dir)
+    query = "SELECT name, len(completion_token_ids) FROM spans WHERE service_name = 'lean-exit' AND span_kind = 'LLM'"
+    rows = wait_for(lambda: conn.execute(query).fetchall(), lambda r: len(r) >= 1)
+    assert rows[0][0] == "ChatCompletion" and rows[0][1] >= 1
