@@ -169,8 +169,9 @@ static int promote(State *st, Row *row, long code, Value *v) {
     return 1;
 }
 
-static int attribute(State *st, Row *row, Reader kv) {
-    Reader key = {NULL, NULL}, raw = {NULL, NULL};
+/* A KeyValue: its key as a str (new reference) and its value; -1 on malformed input. */
+static int key_value(Reader kv, PyObject **name, Value *v) {
+    Reader key = {kv.p, kv.p}, raw = {NULL, NULL};
     uint32_t field, wire;
     int values = 0;
     while (kv.p < kv.end) {
@@ -179,11 +180,16 @@ static int attribute(State *st, Row *row, Reader kv) {
         else if (field == 2 && wire == 2) { if (values++ || sub(&kv, &raw) < 0) return -1; }
         else if (field <= 2 || skip(&kv, wire) < 0) return -1;
     }
+    if (raw.p == NULL) { raw.p = raw.end = kv.end; } /* no value: an empty AnyValue */
+    if (any_value(raw, v) < 0) return -1;
+    *name = text(key);
+    return *name ? 0 : -1;
+}
+
+static int attribute(State *st, Row *row, Reader kv) {
+    PyObject *name;
     Value v;
-    if (raw.p == NULL) { raw.p = raw.end = kv.end; }
-    if (any_value(raw, &v) < 0) return -1;
-    PyObject *name = key.p ? text(key) : PyUnicode_New(0, 127);
-    if (!name) return -1;
+    if (key_value(kv, &name, &v) < 0) return -1;
     PyObject *slot = PyDict_GetItemWithError(st->slots, name);
     if (slot) {
         int fits = promote(st, row, PyLong_AsLong(slot), &v);
@@ -304,20 +310,10 @@ static int resource(State *st, Reader r, PyObject *keys, PyObject *values, PyObj
     while (r.p < r.end) {
         if (tag(&r, &field, &wire) < 0) return -1;
         if (field != 1) { if (skip(&r, wire) < 0) return -1; continue; }
-        Reader kv, key = {r.p, r.p}, raw = {NULL, NULL};
-        int values_seen = 0;
-        if (wire != 2 || sub(&r, &kv) < 0) return -1;
-        while (kv.p < kv.end) {
-            if (tag(&kv, &field, &wire) < 0) return -1;
-            if (field == 1 && wire == 2) { if (sub(&kv, &key) < 0) return -1; }
-            else if (field == 2 && wire == 2) { if (values_seen++ || sub(&kv, &raw) < 0) return -1; }
-            else if (field <= 2 || skip(&kv, wire) < 0) return -1;
-        }
-        if (raw.p == NULL) { raw.p = raw.end = kv.end; }
+        Reader kv;
+        PyObject *name;
         Value v;
-        if (any_value(raw, &v) < 0) return -1;
-        PyObject *name = text(key);
-        if (!name) return -1;
+        if (wire != 2 || sub(&r, &kv) < 0 || key_value(kv, &name, &v) < 0) return -1;
         PyObject *value = value_text(st, &v);
         if (!value) { Py_DECREF(name); return -1; }
         /* the first service.name whose value reads as text (bytes read as hex, like any_value) */

@@ -20,6 +20,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from lightning_otel.collector import spans_table
 from lightning_otel.collector.spans_table import LISTS, SCALARS, SLOTS, SPAN_KINDS, STATUS_CODES
+from lightning_otel.instrument import schema
 
 try:
     from lightning_otel.collector import _spans_codec
@@ -57,12 +58,12 @@ def _events_json(raws: list[bytes]) -> str:
 
 def _fast_batch(body: bytes | memoryview) -> pa.RecordBatch:
     rows, fixed, scalars, lists, attributes, resource = _spans_codec.decode(
-        body, _SLOT_CODES, len(SCALARS), _WIDTHS, _KINDS, _STATUSES, spans_table.schema.SERVICE_NAME,
+        body, _SLOT_CODES, len(SCALARS), _WIDTHS, _KINDS, _STATUSES, schema.SERVICE_NAME,
         _text_of, _list_value, _events_json,
     )  # fmt: skip
     arrays = []
-    for (_, dtype, _, _, _), (data, offsets, validity, nulls) in zip(LISTS, lists):
-        values = pa.Array.from_buffers(dtype, len(data) // (dtype.bit_width // 8), [None, pa.py_buffer(data)])
+    for (_, dtype, _, _, _), width, (data, offsets, validity, nulls) in zip(LISTS, _WIDTHS, lists):
+        values = pa.Array.from_buffers(dtype, len(data) // width, [None, pa.py_buffer(data)])
         arrays.append(pa.Array.from_buffers(pa.list_(dtype), rows, [pa.py_buffer(validity) if nulls else None, pa.py_buffer(offsets)],
                                             null_count=nulls, children=[values]))  # fmt: skip
     return spans_table.assemble(list(fixed), list(scalars), arrays, attributes, resource)
