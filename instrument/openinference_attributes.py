@@ -73,9 +73,12 @@ def request_attributes(kind: str, body: Mapping[str, Any], hide_inputs: bool) ->
     return attributes
 
 
+_ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=...) would build an encoder per call
+
+
 def _json(value: Any) -> str:
     try:
-        return json.dumps(value, default=str)
+        return _ENCODER.encode(value)
     except ValueError:  # a circular structure: the call itself will fail to send it too
         return str(value)
 

@@ -38,6 +38,10 @@ class Rollout:
     attempt: int = 0
 
     def attributes(self) -> dict[str, Any]:
+        return dict(self._attributes)
+
+    @functools.cached_property
+    def _attributes(self) -> dict[str, Any]:  # stamped on every span of the rollout: built once
         return {schema.ROLLOUT_ID: self.rollout_id, schema.TASK_ID: self.task_id, schema.ATTEMPT: self.attempt}
 
     def reward(self, value: float, name: str = schema.DEFAULT_REWARD_NAME) -> None:
@@ -59,7 +63,7 @@ class LightningSpanProcessor(SpanProcessor):
     def on_start(self, span, parent_context=None) -> None:  # noqa: ANN001 - SDK signature
         current = context_api.get_value(_ROLLOUT_KEY, parent_context)
         if current is not None:
-            span.set_attributes(current.attributes())
+            span.set_attributes(current._attributes)  # set_attributes copies
 
 
 # Set by instrument(): the process's count of spans dropped at a full export queue.

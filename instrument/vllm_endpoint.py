@@ -50,15 +50,23 @@ def token_request_fields(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def read_field(obj: Any, key: str) -> Any:
     """obj[key] of a dict, obj.key of an SDK object (or its pydantic extras), else None.
-    Runs tens of times per model call: plain dicts skip the abstract-class check."""
-    if type(obj) is dict or isinstance(obj, Mapping):
+    Runs tens of times per model call, hence the order: plain dicts, then what an object holds in
+    its __dict__ (pydantic fields live there) or in pydantic's extras (vLLM-only fields on openai's
+    models), before the general cases (a pydantic model's getattr of a missing name raises inside)."""
+    if type(obj) is dict:
         return obj.get(key)
-    value = getattr(obj, key, None)
-    if value is None:
-        extra = getattr(obj, "model_extra", None)  # vLLM-only fields on openai's pydantic models
-        if extra:
-            value = extra.get(key)
-    return value
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None and key in fields:
+        return fields[key]
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        if key in extra:
+            return extra[key]
+        if fields is not None and not hasattr(type(obj), key):
+            return None  # a pydantic model without this field, extra or property
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
 
 
 def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001

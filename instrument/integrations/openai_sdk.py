@@ -9,9 +9,9 @@ object OpenInference sees is still an `openai.Stream` and its span ends after ou
 
 Lean (`openai_spans="lean"`): chat and text completions get our own span, named and attributed
 as OpenInference's (openinference_attributes.py), with the same token capture; every other
-endpoint still goes through OpenInference. It exists for speed: OpenInference's span costs ~400 us
-per call here, the lean one a fraction of that (BENCHMARKS.md); what it leaves out is listed in
-openinference_attributes.py.
+endpoint still goes through OpenInference. It exists for speed: OpenInference's span costs ~350 us
+per call here, the lean one (a direct_span.DirectSpan) about a third of that (BENCHMARKS.md); what it
+leaves out is listed in openinference_attributes.py.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.instrument import schema
+from lightning_otel.instrument.direct_span import start_span
 from lightning_otel.instrument.integrations._installed import installed
 from lightning_otel.instrument.options import Options
 from lightning_otel.instrument.openinference_attributes import output_attributes, request_attributes, response_attributes, stream_text
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 NAME = "openai"
 TRIGGER = "openai"  # turned on when this module is imported (now, if it already is)
 _state: dict[str, Any] = {}
+_parsed_types: tuple[type, ...] = ()  # openai.BaseModel once enabled: a whole, parsed response
 
 
 def available() -> bool:
@@ -70,12 +72,27 @@ def _token_fields(client: Any, options: Any, kind: str, body: dict, capture: str
     are not captured for this server."""
     if capture == "off":
         return None
-    base_url = str(client.base_url)
+    base_url = _url_text(client.base_url)
     if capture == "auto" and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, _client_headers(client))).is_vllm:
         return None
     extra = dict(options.extra_json or {})
-    extra.update(token_request_fields(kind, {**body, **extra}))
+    extra.update(token_request_fields(kind, extra if "logprobs" in extra else body))  # what the request will say
     return extra, base_url
+
+
+_url_texts: dict[int, tuple[Any, str]] = {}
+
+
+def _url_text(url: Any) -> str:
+    """str() of a client's base URL (an httpx.URL, rebuilt on every str()), once per URL object."""
+    known = _url_texts.get(id(url))
+    if known is not None and known[0] is url:
+        return known[1]
+    if len(_url_texts) > 256:
+        _url_texts.clear()
+    text = str(url)
+    _url_texts[id(url)] = (url, text)
+    return text
 
 
 def _stamp(span: trace.Span, attributes: dict, base_url: str | None) -> None:
@@ -100,6 +117,9 @@ def _watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[An
     when it ends (completed: it ran to its end rather than being closed early), or when the stream
     object is dropped unread. The object the caller (and OpenInference) sees is still the SDK's own
     Stream. Errors in on_chunk/on_done are logged, never raised into the caller."""
+    if isinstance(response, _parsed_types):  # the common case, decided without pydantic's failing getattr
+        _safely(on_done, response, True)
+        return response
     parsed = response
     if hasattr(response, "parse") and callable(response.parse):  # .with_raw_response
         try:
@@ -180,8 +200,7 @@ class _LeanCall:
 
     def __init__(self, tracer: trace.Tracer, kind: str, body: dict, options: Options) -> None:
         self.kind, self.body, self.hide_outputs = kind, body, options.hide_outputs
-        self.span = tracer.start_span(_SPAN_NAMES[kind], kind=trace.SpanKind.CLIENT,
-                                      attributes=request_attributes(kind, body, options.hide_inputs))  # fmt: skip
+        self.span = start_span(tracer, _SPAN_NAMES[kind], trace.SpanKind.CLIENT, request_attributes(kind, body, options.hide_inputs))
         self.base_url: str | None = None  # set when token ids are captured
         self.accumulator: StreamAccumulator | None = None
         self.texts: list[str] = []
@@ -296,6 +315,8 @@ def enable(tracer_provider: Any, options: Options) -> None:
         instrumentor.uninstrument()  # someone instrumented first: our wrapper must go underneath
     if _state:
         return
+    global _parsed_types
+    _parsed_types = (openai.BaseModel,)
     _state["sync"], _state["async"] = openai.OpenAI.request, openai.AsyncOpenAI.request
     if options.openai_spans == "lean":
         # OpenInference keeps the endpoints the lean span does not cover (embeddings, responses, ...)
