@@ -24,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace import Span as SDKSpan
+from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
@@ -48,17 +49,23 @@ def start_span(tracer: Any, name: str, kind: SpanKind, attributes: dict[str, Any
         parent, trace_id = None, tracer.id_generator.generate_trace_id()
     else:
         trace_id = parent.trace_id
-    sampling = tracer.sampler.should_sample(parent_context, trace_id, name, kind, attributes, ())
-    flags = TraceFlags.SAMPLED if sampling.decision.is_sampled() else TraceFlags.DEFAULT
+    if tracer.sampler is DEFAULT_ON:  # the SDK's default sampler, whose answer is known without asking it:
+        sampled = parent is None or parent.trace_flags.sampled  # follow the parent, sample a root
+        recording, trace_state, extra = sampled, (parent.trace_state if parent is not None else None), None
+    else:
+        sampling = tracer.sampler.should_sample(parent_context, trace_id, name, kind, attributes, ())
+        sampled, recording = sampling.decision.is_sampled(), sampling.decision.is_recording()
+        trace_state, extra = sampling.trace_state, sampling.attributes
+    flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
     random_id = getattr(parent.trace_flags, "random_trace_id", False) if parent else tracer.id_generator.is_trace_id_random()
     if random_id:
         flags |= _RANDOM_TRACE_ID
     context = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
-                          trace_flags=TraceFlags(flags), trace_state=sampling.trace_state)  # fmt: skip
-    if not sampling.decision.is_recording():
+                          trace_flags=TraceFlags(flags), trace_state=trace_state)  # fmt: skip
+    if not recording:
         return NonRecordingSpan(context)
-    if sampling.attributes:
-        attributes.update(sampling.attributes)
+    if extra:
+        attributes.update(extra)
     span = DirectSpan(tracer, name, kind, context, parent, attributes)
     tracer.span_processor.on_start(span, parent_context=parent_context)
     return span
@@ -85,7 +92,7 @@ class DirectSpan(trace.Span):
                  attributes: dict[str, Any]) -> None:  # fmt: skip
         self._tracer, self._name, self._kind, self._context, self._parent = tracer, name, kind, context, parent
         self._attributes = attributes
-        self._clean = all(type(value) in _PLAIN for value in attributes.values())
+        self._clean = _PLAIN.issuperset(map(type, attributes.values()))
         self._events: list[Event] = []
         self._links: list[trace.Link] = []
         self._status = _UNSET
@@ -109,7 +116,7 @@ class DirectSpan(trace.Span):
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         if self._end_time is None:
             self._attributes.update(attributes)
-            if self._clean and not all(type(value) in _PLAIN for value in attributes.values()):
+            if self._clean and not _PLAIN.issuperset(map(type, attributes.values())):
                 self._clean = False
 
     def set_attribute(self, key: str, value: Any) -> None:
@@ -152,7 +159,7 @@ class DirectSpan(trace.Span):
         if not self._clean or too_many or limits.max_attribute_length is not None:
             attributes = BoundedAttributes(limits.max_span_attributes, attributes, max_value_len=limits.max_attribute_length,
                                            immutable=True)  # fmt: skip
-        readable = ReadableSpan(self._name, self._context, self._parent, tracer.resource, attributes, tuple(self._events),
-                                tuple(self._links), self._kind, status=self._status, start_time=self._start_time,
+        readable = ReadableSpan(self._name, self._context, self._parent, tracer.resource, attributes, tuple(self._events) or (),
+                                tuple(self._links) or (), self._kind, status=self._status, start_time=self._start_time,
                                 end_time=self._end_time, instrumentation_scope=tracer._instrumentation_scope)  # fmt: skip
         tracer.span_processor.on_end(readable)

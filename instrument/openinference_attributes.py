@@ -22,8 +22,10 @@ _NOT_PARAMETERS = frozenset(("messages", "prompt"))
 
 
 def _message(prefix: str, index: int, message: Any, attributes: dict[str, Any]) -> None:
+    start = schema.message_attribute(prefix, index, "")  # "llm.input_messages.0."
+
     def name(field: str) -> str:
-        return schema.message_attribute(prefix, index, field)
+        return start + field
 
     role = read_field(message, "role")
     if role is not None:

@@ -95,6 +95,9 @@ def _int64(value: int) -> bytes:
 
 
 _key_prefixes: dict[str, bytes] = {}
+_COPY_LIMIT = 1024  # longer encoded values are not concatenated into their field (one copy fewer)
+_SHORT = 64  # string values up to this many characters are remembered encoded, with their key
+_repeated_fields: dict[tuple[int, str, str], bytes] = {}
 
 
 def _key_prefix(key: str) -> bytes:
@@ -117,22 +120,31 @@ def _key_value(key: str, value: Any) -> bytes:
 
 
 def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> list[bytes]:
-    """Repeated KeyValue fields; an attribute that cannot be encoded is logged and left out.
-    The common value types are inlined: this loop is most of the encoding time."""
+    """Repeated KeyValue fields, as parts to join (a long value is a part of its own, not copied
+    into its field); an attribute that cannot be encoded is logged and left out. The common value
+    types are inlined: this loop is most of the encoding time."""
     fields: list[bytes] = []
     if not attributes:
         return fields
-    head, small, append = bytes((tag,)), _SMALL, fields.append
+    head, small, append, repeated = bytes((tag,)), _SMALL, fields.append, _repeated_fields
     for key, value in attributes.items():
+        kind = type(value)
+        short = kind is str and len(value) <= _SHORT
+        if short:  # model names, roles, ids, parameters: the same (key, value) span after span
+            known = repeated.get((tag, key, value))
+            if known is not None:
+                append(known)
+                continue
         try:
             prefix = _key_prefixes.get(key)
             if prefix is None:
                 prefix = _key_prefix(key)
-            kind = type(value)
             if kind is str:
                 data = value.encode()
                 n = len(data)
                 value_bytes = b"\x0a" + (small[n] if n < 16384 else _varint_uncached(n)) + data
+            elif kind is int and 0 <= value < 16384:
+                value_bytes = b"\x18" + small[value]
             elif kind is bytes:
                 n = len(value)
                 value_bytes = b"\x3a" + (small[n] if n < 16384 else _varint_uncached(n)) + value
@@ -142,9 +154,19 @@ def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> list[bytes]:
             log.exception("Failed to encode key %s: %s", key, error)
             continue
         n = len(value_bytes)
-        body = prefix + b"\x12" + (small[n] if n < 16384 else _varint_uncached(n)) + value_bytes
+        if n > _COPY_LIMIT:  # a prompt or packed token ids: left in place, joined once at the end
+            body_head = prefix + b"\x12" + _varint(n)
+            append(head + _varint(len(body_head) + n) + body_head)
+            append(value_bytes)
+            continue
+        body = prefix + b"\x12" + small[n] + value_bytes
         n = len(body)
-        append(head + (small[n] if n < 16384 else _varint_uncached(n)) + body)
+        field = head + (small[n] if n < 16384 else _varint_uncached(n)) + body
+        append(field)
+        if short:
+            if len(repeated) >= _MAX_CACHED_KEYS:
+                repeated.clear()
+            repeated[(tag, key, value)] = field
     return fields
 
 
@@ -197,11 +219,12 @@ def _kind(kind: Any) -> bytes:
     return encoded
 
 
-def encode_span(span: Any) -> bytes:
-    """One `Span` message (field 2 of ScopeSpans, tag and length included)."""
+def span_parts(span: Any) -> tuple[list[bytes], int]:
+    """One `Span` message (field 2 of ScopeSpans, tag and length included) as parts to join, and
+    their total length."""
     context = span.get_span_context()
     parent = span.parent
-    parts = [b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big"),
+    parts = [b"", b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big"),
              _string(0x1A, _trace_state(context.trace_state))]  # fmt: skip
     if parent:
         parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
@@ -219,8 +242,9 @@ def encode_span(span: Any) -> bytes:
     parts.append(_count(0x70, span.dropped_links))
     parts.append(_status(span.status))
     parts.append(_flags(parent))
-    body = b"".join(parts)
-    return b"\x12" + _varint(len(body)) + body
+    size = sum(map(len, parts))
+    parts[0] = b"\x12" + _varint(size)
+    return parts, size + len(parts[0])
 
 
 def _resource(resource: Any) -> bytes:
@@ -235,16 +259,17 @@ def _scope(scope: Any) -> bytes:
 
 
 class _Group:
-    """Spans of one (resource, scope) pair, by object identity: a batch holds few distinct ones."""
+    """Encoded spans of one (resource, scope) pair, by object identity: a batch holds few."""
 
-    __slots__ = ("resource", "scope", "spans")
+    __slots__ = ("resource", "scope", "parts", "size")
 
     def __init__(self, resource: Any, scope: Any) -> None:
-        self.resource, self.scope, self.spans = resource, scope, []
+        self.resource, self.scope, self.parts, self.size = resource, scope, [], 0
 
 
 def encode_request(spans: Sequence[Any]) -> bytes:
-    """The serialized `ExportTraceServiceRequest` for these SDK `ReadableSpan`s."""
+    """The serialized `ExportTraceServiceRequest` for these SDK `ReadableSpan`s. Parts are joined
+    once, at the end: a batch of LLM spans is megabytes, and every extra copy shows."""
     groups: dict[tuple[int, int], _Group] = {}
     for span in spans:
         scope = span.instrumentation_scope or None
@@ -252,16 +277,24 @@ def encode_request(spans: Sequence[Any]) -> bytes:
         group = groups.get(key)
         if group is None:
             group = groups[key] = _Group(span.resource, scope)
-        group.spans.append(encode_span(span))
+        parts, size = span_parts(span)
+        group.parts.append(b"".join(parts))  # while its parts are in the cache
+        group.size += size
     # Equal resources (and scopes) held as different objects share one entry, as in encode_spans.
-    by_resource: dict[Any, dict[Any, list[bytes]]] = {}
+    by_resource: dict[Any, dict[Any, list[_Group]]] = {}
     for group in groups.values():
-        by_resource.setdefault(group.resource, {}).setdefault(group.scope, []).extend(group.spans)
-    out = []
+        by_resource.setdefault(group.resource, {}).setdefault(group.scope, []).append(group)
+    out: list[bytes] = []
     for resource, scopes in by_resource.items():
-        scope_spans = [
-            _field(0x12, _scope(scope) + b"".join(spans) + _string(0x1A, scope.schema_url if scope else None))
-            for scope, spans in scopes.items()
-        ]  # fmt: skip
-        out.append(_field(0x0A, _resource(resource) + b"".join(scope_spans) + _string(0x1A, resource.schema_url)))
+        resource_parts = [_resource(resource)]
+        for scope, scope_groups in scopes.items():
+            scope_head, schema = _scope(scope), _string(0x1A, scope.schema_url if scope else None)
+            size = len(scope_head) + sum(group.size for group in scope_groups) + len(schema)
+            resource_parts += (b"\x12" + _varint(size), scope_head)
+            for group in scope_groups:
+                resource_parts += group.parts
+            resource_parts.append(schema)
+        resource_parts.append(_string(0x1A, resource.schema_url))
+        out.append(b"\x0a" + _varint(sum(map(len, resource_parts))))
+        out += resource_parts
     return b"".join(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import threading
 import time
 import urllib.error
@@ -22,12 +23,26 @@ from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
 log = logging.getLogger(__name__)
 
 CHAT = "chat"
+_LOGPROB = operator.attrgetter("logprob")
 COMPLETIONS = "completions"
 _PROBE_TIMEOUT_S = 2.0
 
 
 def endpoint_kind(path: str) -> str | None:
     """'chat' for .../chat/completions, 'completions' for .../completions, else None."""
+    known = _kinds.get(path, _UNKNOWN)
+    if known is _UNKNOWN:
+        if len(_kinds) > 1024:
+            _kinds.clear()
+        known = _kinds[path] = _endpoint_kind(path)
+    return known
+
+
+_kinds: dict[str, str | None] = {}  # the few request paths a process uses, on every call
+_UNKNOWN = object()
+
+
+def _endpoint_kind(path: str) -> str | None:
     path = path.split("?", 1)[0].rstrip("/")
     if path.endswith("/chat/completions") or path == "chat/completions":
         return CHAT
@@ -62,11 +77,25 @@ def read_field(obj: Any, key: str) -> Any:
     if extra is not None:
         if key in extra:
             return extra[key]
-        if fields is not None and not hasattr(type(obj), key):
+        if fields is not None and not _class_has(type(obj), key):
             return None  # a pydantic model without this field, extra or property
     if isinstance(obj, Mapping):
         return obj.get(key)
     return getattr(obj, key, None)
+
+
+_class_attributes: dict[tuple[type, str], bool] = {}
+
+
+def _class_has(cls: type, key: str) -> bool:
+    """hasattr(cls, key), remembered: on a pydantic model class a missing name raises inside its
+    metaclass, and the same few (class, name) pairs are asked on every call."""
+    known = _class_attributes.get((cls, key))
+    if known is None:
+        if len(_class_attributes) > 4096:
+            _class_attributes.clear()
+        known = _class_attributes[(cls, key)] = hasattr(cls, key)
+    return known
 
 
 def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001
@@ -95,7 +124,7 @@ def _choice_logprobs(kind: str, choice: Any) -> list[float] | None:
         if content is None:
             return None
         try:
-            return [float(entry.logprob) for entry in content]  # SDK objects: one attribute read each
+            return list(map(_LOGPROB, content))  # SDK objects (floats from JSON; packing checks them)
         except AttributeError:
             return [float(read_field(entry, "logprob")) for entry in content]
     token_logprobs = read_field(logprobs_obj, "token_logprobs")

@@ -127,3 +127,31 @@ def test_a_tracer_that_is_not_the_sdks_gets_its_own_span():
     span = start_span(tracer, "x", SpanKind.CLIENT, {"a": 1})
     assert not isinstance(span, DirectSpan)
     span.end()
+
+
+def test_the_default_samplers_answer_is_the_one_it_would_give():
+    """start_span decides for the SDK's default sampler (ParentBased(ALWAYS_ON)) without calling it:
+    under every kind of parent, the same decision and trace state as the SDK's own span."""
+    from opentelemetry.context import attach, detach
+    from opentelemetry.sdk.trace.sampling import DEFAULT_ON
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState, set_span_in_context
+
+    tracer, _, _ = _pipeline()
+    assert tracer.sampler is DEFAULT_ON
+    state = TraceState([("vendor", "v")])
+    parents = [None] + [SpanContext(7, 8, is_remote=remote, trace_flags=TraceFlags(flags), trace_state=state)
+                        for remote in (False, True) for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT)]  # fmt: skip
+    for parent in parents:
+        context = set_span_in_context(NonRecordingSpan(parent)) if parent else None
+        sdk = tracer.start_span("x", context=context)
+        token = attach(context) if context else None
+        try:
+            ours = start_span(tracer, "x", SpanKind.CLIENT, {})
+        finally:
+            if token:
+                detach(token)
+        mine, theirs = ours.get_span_context(), sdk.get_span_context()
+        assert (ours.is_recording(), mine.trace_flags, mine.trace_state) == (sdk.is_recording(), theirs.trace_flags, theirs.trace_state)
+        assert mine.trace_id == theirs.trace_id if parent else mine.trace_id != theirs.trace_id
+        ours.end()
+        sdk.end()
