@@ -8,6 +8,10 @@ opentelemetry-exporter-otlp-proto-common's `encode_spans` field by field (groupi
 scope, span flags, status, dropped counts, an attribute it cannot encode logged and left out), and
 tests/test_otlp_encoding.py checks that the two decode to equal messages. Standard library only.
 
+Spans of the common shape (a plain attribute dict of scalar values, no events or links: every lean
+LLM span) go through the compiled `_otlp_span` when it is built (~10x faster; same bytes, tested
+through both paths); LIGHTNING_OTEL_PURE_PYTHON=1 turns it off.
+
 Wire format: https://protobuf.dev/programming-guides/encoding/ ; the message layout is
 opentelemetry/proto/trace/v1/trace.proto and common/v1/common.proto.
 """
@@ -15,11 +19,19 @@ opentelemetry/proto/trace/v1/trace.proto and common/v1/common.proto.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+try:  # the compiled encoder of the common span shape (_otlp_span.c); this module stays the reference
+    from lightning_otel.instrument import _otlp_span as _compiled
+except ImportError:  # built without a compiler: this module encodes every span
+    _compiled = None
+if os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") == "1":
+    _compiled = None
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _pack_double = struct.Struct("<d").pack
@@ -222,6 +234,10 @@ def _kind(kind: Any) -> bytes:
 def span_parts(span: Any) -> tuple[list[bytes], int]:
     """One `Span` message (field 2 of ScopeSpans, tag and length included) as parts to join, and
     their total length."""
+    if _compiled is not None:
+        encoded = _compiled.span_bytes(span)  # None: a shape it leaves to the code below
+        if encoded is not None:
+            return [encoded], len(encoded)
     context = span.get_span_context()
     parent = span.parent
     parts = [b"", b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big"),
