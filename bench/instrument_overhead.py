@@ -3,8 +3,10 @@
     python bench/instrument_overhead.py --calls 2000
 
 Every client calls the same local vLLM look-alike (stub_vllm.py: a fixed vLLM-shaped response with
-512 prompt and 32 completion token ids, answered in well under a millisecond) and exports to a real
-collector. Each mode runs in its own process, twice, interleaved so drift hits all. Modes:
+512 prompt and 32 completion token ids and their logprobs when the request asks for them, as vLLM
+does, answered in well under a millisecond) and exports to a real collector. So the added latency
+includes parsing the token fields instrument() asks for; `--stub-fields always` sends them to the
+bare client too, leaving only the instrumentation's own work. Each mode runs in its own process, twice, interleaved so drift hits all. Modes:
 
   bare                   the OpenAI client, nothing instrumented
   openinference          instrument(): OpenInference's OpenAI span + our token capture (default)
@@ -90,6 +92,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
+    parser.add_argument("--stub-fields", choices=("asked", "always"), default="asked",
+                        help="asked (default): the look-alike returns token ids and logprobs only to requests that ask, "
+                             "as vLLM does, so the bare client does not parse them; always: every answer carries them, "
+                             "which isolates the instrumentation's own work")  # fmt: skip
     args = parser.parse_args()
     modes = tuple(dict.fromkeys(["bare", *args.modes.split(",")]))  # bare is the baseline
     if not set(modes) <= set(MODES):
@@ -97,7 +103,8 @@ def main() -> None:
     from lightning_otel.servers import CollectorProcess, free_port, stop_process, wait_http_ok
 
     port = free_port()
-    stub = subprocess.Popen([sys.executable, str(HERE / "stub_vllm.py"), "--port", str(port)], start_new_session=True)
+    stub = subprocess.Popen([sys.executable, str(HERE / "stub_vllm.py"), "--port", str(port), "--fields", args.stub_fields],
+                            start_new_session=True)  # fmt: skip
     workdir = tempfile.mkdtemp(prefix="lightning-overhead-")
     results: dict[str, dict[str, list]] = {}
     try:

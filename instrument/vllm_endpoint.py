@@ -123,6 +123,8 @@ def _choice_logprobs(kind: str, choice: Any) -> list[float] | None:
         content = read_field(logprobs_obj, "content")
         if content is None:
             return None
+        if content and type(content[0]) is dict:  # the response JSON (taken before the SDK parses it)
+            return [float(entry.get("logprob")) for entry in content]
         try:
             return list(map(_LOGPROB, content))  # SDK objects (floats from JSON; packing checks them)
         except AttributeError:

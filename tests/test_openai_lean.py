@@ -23,6 +23,13 @@ inst = lightning_otel.instrument(endpoint=endpoint, service_name="lean-test", op
 client, aclient = openai.OpenAI(base_url=base_url, api_key="x"), openai.AsyncOpenAI(base_url=base_url, api_key="x")
 messages = [{"role": "user", "content": "count to three"}]
 returned = []  # (prompt ids, completion ids, logprobs, text) as the client saw them
+ASK = dict(logprobs=True, extra_body={"return_token_ids": True})  # the caller asks too: it sees them
+GREEDY = dict(model=model, messages=messages, max_tokens=5, temperature=0)
+unasked = []  # responses to calls that did not ask for token fields: what the caller got
+
+def plain(reply):
+    unasked.append({"extra": sorted(reply.model_extra or {}), "choice_extra": sorted(reply.choices[0].model_extra or {}),
+                    "logprobs": reply.choices[0].logprobs is not None, "text": reply.choices[0].message.content})
 
 def chat(reply):
     c = reply.choices[0]
@@ -40,14 +47,15 @@ def chat_stream(chunks):
     returned.append((prompt, ids, lps, text))
 
 async def async_calls():
-    chat(await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5))
+    chat(await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, **ASK))
+    plain(await aclient.chat.completions.create(**GREEDY))
     stream = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True)
     chat_stream([chunk async for chunk in stream])
 
 with lightning_otel.rollout(task_id="lean") as rollout:
-    chat(client.chat.completions.create(model=model, messages=messages, max_tokens=5))
+    chat(client.chat.completions.create(model=model, messages=messages, max_tokens=5, **ASK))
     own = [{"role": "user", "content": "count to three"}]
-    chat(client.chat.completions.create(model=model, messages=own, max_tokens=5))
+    chat(client.chat.completions.create(model=model, messages=own, max_tokens=5, **ASK))
     own.append({"role": "user", "content": "appended after the call"})  # the span is built later: a snapshot
     choice = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse().choices[0]
     returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs, choice.text))
@@ -64,6 +72,11 @@ with lightning_otel.rollout(task_id="lean") as rollout:
     unread = client.chat.completions.create(model=model, messages=messages, max_tokens=3, stream=True)
     del unread  # never read: its span must still end
     gc.collect()
+    chat(client.chat.completions.create(**GREEDY, **ASK))  # greedy: what the unasked calls below got too
+    plain(client.chat.completions.create(**GREEDY))
+    plain_text = client.completions.create(model=model, prompt="one two", max_tokens=4, temperature=0).choices[0]
+    unasked.append({"extra": [], "choice_extra": sorted(plain_text.model_extra or {}), "logprobs": plain_text.logprobs is not None,
+                    "text": plain_text.text})
     try:
         client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=2)
     except openai.NotFoundError:
@@ -73,7 +86,7 @@ with lightning_otel.rollout(task_id="lean") as rollout:
     except openai.OpenAIError:
         pass
 inst.flush()
-print(json.dumps({"rollout": rollout.rollout_id, "returned": returned}))
+print(json.dumps({"rollout": rollout.rollout_id, "returned": returned, "unasked": unasked}))
 """
 
 
@@ -99,20 +112,26 @@ INPUT_CONTENT = schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.ME
 
 def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
     result = _run_agent(vllm_server, session_collector, hide=False)
-    # rollout + 7 complete calls + early-closed + unread + failed + embeddings
-    spans = _spans(session_collector, result["rollout"], 12)
+    # rollout + 8 complete calls that asked + 3 that did not + early-closed + unread + failed + embeddings
+    spans = _spans(session_collector, result["rollout"], 16)
     root = next(s for s in spans if s["name"] == schema.SPAN_ROLLOUT)
     llm = [s for s in spans if s["kind"] == schema.KIND_LLM]
-    assert len(llm) == 10 and all(s["parent"] == root["span_id"] for s in llm)
+    assert len(llm) == 14 and all(s["parent"] == root["span_id"] for s in llm)
     complete = [s for s in llm if s["status"] != "ERROR" and s["completion"] and s["prompt"] and len(s["completion"]) <= 5]
     stored = sorted((list(s["prompt"]), list(s["completion"]), s["logprobs"]) for s in complete if s["finish"])
-    expected = sorted((p, c, pytest.approx(lp)) for p, c, lp, _ in result["returned"])
-    assert stored == expected
+    asked = [(p, c, pytest.approx(lp)) for p, c, lp, _ in result["returned"]]
+    greedy = asked[-1]  # the last chat call that asked: greedy, as the two unasked chat calls
+    text = next(s for s in complete if s["name"] == "Completion" and s["attributes"][schema.OUTPUT_VALUE] == result["unasked"][-1]["text"])
+    expected = sorted(asked + [greedy, greedy, (list(text["prompt"]), list(text["completion"]), pytest.approx(text["logprobs"]))])
+    assert stored == expected  # calls that did not ask still captured the ids and logprobs vLLM returned
+    # ... and their callers got what an uninstrumented client gets: no token ids, no logprobs
+    fields = [("prompt_token_ids" in u["extra"], {"token_ids", "prompt_token_ids"} & set(u["choice_extra"]), u["logprobs"]) for u in result["unasked"]]
+    assert fields == [(False, set(), False)] * 3
     for s in complete:
         assert s["version"] is not None and s["count"] == len(s["completion"])
-        assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]}
+        assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]} | {u["text"] for u in result["unasked"]}
     chats = [s for s in complete if s["name"] == "ChatCompletion"]
-    assert len(chats) == 6
+    assert len(chats) == 9
     assert all(s["attributes"][INPUT_CONTENT] == "count to three" for s in chats)
     second = schema.message_attribute(schema.LLM_INPUT_MESSAGES, 1, schema.MESSAGE_CONTENT)
     assert not any(second in s["attributes"] for s in chats)  # the messages as sent, not as appended to later
@@ -127,9 +146,9 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
 
 def test_lean_spans_redacted_keep_token_ids(vllm_server, session_collector):
     result = _run_agent(vllm_server, session_collector, hide=True)
-    spans = _spans(session_collector, result["rollout"], 12)
+    spans = _spans(session_collector, result["rollout"], 16)
     complete = [s for s in spans if s["kind"] == schema.KIND_LLM and s["completion"] and s["finish"]]
-    assert len(complete) == 7
+    assert len(complete) == 11
     for s in complete:
         a = s["attributes"]
         assert a[schema.INPUT_VALUE] == a[schema.OUTPUT_VALUE] == schema.REDACTED
@@ -161,8 +180,8 @@ def test_a_recording_failure_never_reaches_the_caller():
 
 
 def test_lean_spans_pending_at_exit_are_exported(vllm_server, session_collector):
-    # The last call's span is still queued on the deferred builder when the script ends without
-    # flush(): the provider's exit hook builds it, then exports it.
+    # The last call's span is still queued for export when the script ends without flush(): the
+    # provider's exit hook exports it.
     script = (
         "import openai, lightning_otel\n"
         f"lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, service_name='lean-exit', openai_spans='lean')\n"

@@ -10,14 +10,18 @@ object OpenInference sees is still an `openai.Stream` and its span ends after ou
 Lean (`openai_spans="lean"`): chat and text completions get our own span, named and attributed
 as OpenInference's (openinference_attributes.py), with the same token capture; every other
 endpoint still goes through OpenInference. It exists for speed: OpenInference's span costs ~350 us
-per call here, the lean one (a direct_span.DirectSpan) about a third of that (BENCHMARKS.md); what it
-leaves out is listed in openinference_attributes.py.
+per call here, the lean one (a direct_span.DirectSpan) a fraction of that (BENCHMARKS.md); what it
+leaves out is listed in openinference_attributes.py. A lean non-streaming call reads vLLM's token
+fields from the response JSON before the SDK builds its objects, and takes out those the caller did
+not ask for: the caller gets the response it would have had uninstrumented, and the SDK is spared a
+logprob object per token (the largest single cost of token capture).
 """
 
 from __future__ import annotations
 
 import logging
 import weakref
+from contextvars import ContextVar
 from typing import Any, Callable
 
 from opentelemetry import context as context_api
@@ -205,6 +209,8 @@ class _LeanCall:
         self.accumulator: StreamAccumulator | None = None
         self.texts: list[str] = []
         self.ended = False
+        self.strip_ids = self.strip_logprobs = False  # token fields the caller did not ask for
+        self.taken: dict[str, Any] | None = None  # token attributes taken from the response JSON
 
     def chunk(self, chunk: Any) -> None:
         if self.accumulator is not None:
@@ -221,7 +227,7 @@ class _LeanCall:
             if parsed is not None:
                 attributes = response_attributes(self.kind, parsed, self.hide_outputs)
                 if self.base_url:
-                    attributes.update(token_attributes(self.kind, parsed))
+                    attributes.update(self.taken if self.taken is not None else token_attributes(self.kind, parsed))
             else:  # a stream: what it delivered (token ids only when it ran to its end)
                 attributes = output_attributes(self.kind, "".join(self.texts), self.hide_outputs)
                 if self.accumulator is not None and completed:
@@ -252,7 +258,33 @@ class _LeanCall:
         call, and copied by the SDK before use; no other wrapper holds them)."""
         fields = _token_fields(client, request_options, self.kind, self.body, capture)
         if fields is not None:
+            extra = request_options.extra_json or {}
+            ids, logprobs = (extra[k] if k in extra else self.body.get(k) for k in ("return_token_ids", "logprobs"))
+            self.strip_ids, self.strip_logprobs = not ids, (not logprobs if self.kind == CHAT else logprobs is None)
             request_options.extra_json, self.base_url = fields
+
+    def take(self, data: dict) -> None:
+        """Read the token fields from the response JSON before the SDK builds its objects, and take
+        out those the caller did not ask for: it gets the response it would have had without us, and
+        the SDK does not build a logprob object per token that nobody reads (~60 us a call here)."""
+        if self.taken is not None:
+            return
+        self.taken = token_attributes(self.kind, data)
+        choices = data.get("choices") if type(data.get("choices")) is list else ()
+        if self.strip_ids:
+            data.pop("prompt_token_ids", None)
+        for choice in choices:
+            if type(choice) is dict:
+                if self.strip_ids:
+                    choice.pop("token_ids", None)
+                    choice.pop("prompt_token_ids", None)
+                if self.strip_logprobs and "logprobs" in choice:
+                    choice["logprobs"] = None
+
+    def offer(self, kwargs: dict) -> Any:
+        """Offer this call's response JSON to take() while the SDK's request runs (a context token
+        for _taking.reset, or None): not for streams, parsed as the caller reads them."""
+        return None if self.base_url is None or kwargs.get("stream") else _taking.set(self)
 
     def watch(self, response: Any) -> Any:
         self.accumulator = StreamAccumulator(self.kind) if self.base_url else None
@@ -260,6 +292,21 @@ class _LeanCall:
 
 
 _SPAN_NAMES = {CHAT: "ChatCompletion", COMPLETIONS: "Completion"}
+_taking: ContextVar[_LeanCall | None] = ContextVar("lightning_otel_openai_taking", default=None)
+
+
+def _taking_wrapper(original):  # noqa: ANN001, ANN202
+    """BaseClient._process_response_data, which turns a response's JSON into SDK objects: a lean call
+    in progress in this context reads (and trims) the JSON first."""
+
+    def _process_response_data(self, *, data, cast_to, response):  # noqa: ANN001, ANN202
+        call = _taking.get()
+        if call is not None and type(data) is dict:
+            _safely(call.take, data)
+        return original(self, data=data, cast_to=cast_to, response=response)
+
+    _process_response_data.__wrapped__ = original
+    return _process_response_data
 
 
 def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall | None:
@@ -285,7 +332,12 @@ def _lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
             return other(self, *args, **kwargs)  # other endpoints: OpenInference's span
         with call:
             call.add_token_fields(self, args[1], options.capture_tokens)
-            response = original(self, *args, **kwargs)
+            offered = call.offer(kwargs)
+            try:
+                response = original(self, *args, **kwargs)
+            finally:
+                if offered is not None:
+                    _taking.reset(offered)
         return call.watch(response)
 
     request.__wrapped__ = original
@@ -299,7 +351,12 @@ def _lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options)
             return await other(self, *args, **kwargs)
         with call:
             call.add_token_fields(self, args[1], options.capture_tokens)
-            response = await original(self, *args, **kwargs)
+            offered = call.offer(kwargs)
+            try:
+                response = await original(self, *args, **kwargs)
+            finally:
+                if offered is not None:
+                    _taking.reset(offered)
         return call.watch(response)
 
     request.__wrapped__ = original
@@ -308,6 +365,7 @@ def _lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options)
 
 def enable(tracer_provider: Any, options: Options) -> None:
     import openai
+    from openai._base_client import BaseClient  # where response JSON becomes SDK objects
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
     instrumentor = OpenAIInstrumentor()
@@ -324,6 +382,9 @@ def enable(tracer_provider: Any, options: Options) -> None:
         tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         openai.OpenAI.request = _lean_sync_wrapper(_state["sync"], openai.OpenAI.request, tracer, options)
         openai.AsyncOpenAI.request = _lean_async_wrapper(_state["async"], openai.AsyncOpenAI.request, tracer, options)
+        if hasattr(BaseClient, "_process_response_data"):  # else token fields are read from the SDK's objects
+            _state["parse"] = BaseClient._process_response_data
+            BaseClient._process_response_data = _taking_wrapper(_state["parse"])
         return
     openai.OpenAI.request = _sync_wrapper(_state["sync"], options.capture_tokens)
     openai.AsyncOpenAI.request = _async_wrapper(_state["async"], options.capture_tokens)
@@ -332,8 +393,11 @@ def enable(tracer_provider: Any, options: Options) -> None:
 
 def disable() -> None:
     import openai
+    from openai._base_client import BaseClient
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
     if _state:
         openai.OpenAI.request, openai.AsyncOpenAI.request = _state.pop("sync"), _state.pop("async")
+        if "parse" in _state:
+            BaseClient._process_response_data = _state.pop("parse")
     OpenAIInstrumentor().uninstrument()
