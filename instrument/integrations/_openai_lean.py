@@ -113,11 +113,6 @@ class _LeanCall:
                 if self.strip_logprobs and "logprobs" in choice:
                     choice["logprobs"] = None
 
-    def offer(self, kwargs: dict) -> Any:
-        """Offer this call's response JSON to take() while the SDK's request runs (a context token
-        for _taking.reset, or None): not for streams, parsed as the caller reads them."""
-        return None if self.base_url is None or kwargs.get("stream") else _taking.set(self)
-
     def watch(self, response: Any) -> Any:
         self.accumulator = StreamAccumulator(self.kind) if self.base_url else None
         return _watch(response, self.chunk, self.done)
@@ -125,6 +120,23 @@ class _LeanCall:
 
 _SPAN_NAMES = {CHAT: "ChatCompletion", COMPLETIONS: "Completion"}
 _taking: ContextVar[_LeanCall | None] = ContextVar("lightning_otel_openai_taking", default=None)
+
+
+class _Offer:
+    """While the SDK's request runs, the call's response JSON is offered to its take() (not for
+    streams: their chunks are parsed as the caller reads them, after the request returned)."""
+
+    __slots__ = ("call", "token")
+
+    def __init__(self, call: _LeanCall, kwargs: dict) -> None:
+        self.call = call if call.base_url is not None and not kwargs.get("stream") else None
+
+    def __enter__(self) -> None:
+        self.token = _taking.set(self.call) if self.call is not None else None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.token is not None:
+            _taking.reset(self.token)
 
 
 def _taking_wrapper(original):  # noqa: ANN001, ANN202
@@ -164,12 +176,8 @@ def _lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
             return other(self, *args, **kwargs)  # other endpoints: OpenInference's span
         with call:
             call.add_token_fields(self, args[1], options.capture_tokens)
-            offered = call.offer(kwargs)
-            try:
+            with _Offer(call, kwargs):
                 response = original(self, *args, **kwargs)
-            finally:
-                if offered is not None:
-                    _taking.reset(offered)
         return call.watch(response)
 
     request.__wrapped__ = original
@@ -183,12 +191,8 @@ def _lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options)
             return await other(self, *args, **kwargs)
         with call:
             call.add_token_fields(self, args[1], options.capture_tokens)
-            offered = call.offer(kwargs)
-            try:
+            with _Offer(call, kwargs):
                 response = await original(self, *args, **kwargs)
-            finally:
-                if offered is not None:
-                    _taking.reset(offered)
         return call.watch(response)
 
     request.__wrapped__ = original
