@@ -62,7 +62,7 @@ class _CountingExporter(OTLPSpanExporter):
 
     def _export_encoded(self, spans) -> SpanExportResult | None:  # noqa: ANN001
         client, limit = getattr(self, "_client", None), getattr(self, "_max_request_size", None)
-        if self._shutdown or not hasattr(client, "export") or not isinstance(limit, int):
+        if getattr(self, "_shutdown", True) or not hasattr(client, "export") or not isinstance(limit, int):
             return None
         try:
             body = encode_request(spans)

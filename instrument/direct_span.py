@@ -159,7 +159,7 @@ class DirectSpan(trace.Span):
         if not self._clean or too_many or limits.max_attribute_length is not None:
             attributes = BoundedAttributes(limits.max_span_attributes, attributes, max_value_len=limits.max_attribute_length,
                                            immutable=True)  # fmt: skip
-        readable = ReadableSpan(self._name, self._context, self._parent, tracer.resource, attributes, tuple(self._events) or (),
-                                tuple(self._links) or (), self._kind, status=self._status, start_time=self._start_time,
+        readable = ReadableSpan(self._name, self._context, self._parent, tracer.resource, attributes, tuple(self._events),
+                                tuple(self._links), self._kind, status=self._status, start_time=self._start_time,
                                 end_time=self._end_time, instrumentation_scope=tracer._instrumentation_scope)  # fmt: skip
         tracer.span_processor.on_end(readable)

@@ -3,10 +3,11 @@
 The OTLP exporter builds a protobuf message object per span, attribute and value and then
 serializes them: ~100 us per LLM span here, on the agent's own CPU (BENCHMARKS.md). This module
 writes the same `ExportTraceServiceRequest` wire bytes directly, caching what repeats from span to
-span (attribute keys, the resource and scope headers): a fraction of that. It follows
-opentelemetry-exporter-otlp-proto-common's `encode_spans` field by field (grouping by resource and
-scope, span flags, status, dropped counts, an attribute it cannot encode logged and left out), and
-tests/test_otlp_encoding.py checks that the two decode to equal messages. Standard library only.
+span (attribute keys, short values with their keys; the resource and scope are encoded once per
+batch): a fraction of that. It follows opentelemetry-exporter-otlp-proto-common's `encode_spans`
+field by field (grouping by resource and scope, span flags, status, dropped counts, an attribute it
+cannot encode logged and left out), and tests/test_otlp_encoding.py checks that the two write the
+same bytes. Standard library only.
 
 Spans of the common shape (a plain attribute dict of scalar values, no events or links: every lean
 LLM span) go through the compiled `_otlp_span` when it is built (~10x faster; same bytes, tested
@@ -107,7 +108,7 @@ def _int64(value: int) -> bytes:
 
 
 _key_prefixes: dict[str, bytes] = {}
-_COPY_LIMIT = 1024  # longer encoded values are not concatenated into their field (one copy fewer)
+_COPY_LIMIT = 1024  # longer encoded values stay a part of their own until their span is joined (one copy fewer)
 _SHORT = 64  # string values up to this many characters are remembered encoded, with their key
 _repeated_fields: dict[tuple[int, str, str], bytes] = {}
 
@@ -166,7 +167,7 @@ def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> list[bytes]:
             log.exception("Failed to encode key %s: %s", key, error)
             continue
         n = len(value_bytes)
-        if n > _COPY_LIMIT:  # a prompt or packed token ids: left in place, joined once at the end
+        if n > _COPY_LIMIT:  # a prompt or packed token ids: not copied into its field
             body_head = prefix + b"\x12" + _varint(n)
             append(head + _varint(len(body_head) + n) + body_head)
             append(value_bytes)
@@ -231,13 +232,12 @@ def _kind(kind: Any) -> bytes:
     return encoded
 
 
-def span_parts(span: Any) -> tuple[list[bytes], int]:
-    """One `Span` message (field 2 of ScopeSpans, tag and length included) as parts to join, and
-    their total length."""
+def encode_span(span: Any) -> bytes:
+    """One `Span` message: field 2 of ScopeSpans, tag and length included."""
     if _compiled is not None:
         encoded = _compiled.span_bytes(span)  # None: a shape it leaves to the code below
         if encoded is not None:
-            return [encoded], len(encoded)
+            return encoded
     context = span.get_span_context()
     parent = span.parent
     parts = [b"", b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big"),
@@ -258,9 +258,8 @@ def span_parts(span: Any) -> tuple[list[bytes], int]:
     parts.append(_count(0x70, span.dropped_links))
     parts.append(_status(span.status))
     parts.append(_flags(parent))
-    size = sum(map(len, parts))
-    parts[0] = b"\x12" + _varint(size)
-    return parts, size + len(parts[0])
+    parts[0] = b"\x12" + _varint(sum(map(len, parts)))
+    return b"".join(parts)  # while its parts are in the cache
 
 
 def _resource(resource: Any) -> bytes:
@@ -284,8 +283,8 @@ class _Group:
 
 
 def encode_request(spans: Sequence[Any]) -> bytes:
-    """The serialized `ExportTraceServiceRequest` for these SDK `ReadableSpan`s. Parts are joined
-    once, at the end: a batch of LLM spans is megabytes, and every extra copy shows."""
+    """The serialized `ExportTraceServiceRequest` for these SDK `ReadableSpan`s. Encoded spans are
+    joined once, at the end: a batch of LLM spans is megabytes, and every extra copy shows."""
     groups: dict[tuple[int, int], _Group] = {}
     for span in spans:
         scope = span.instrumentation_scope or None
@@ -293,9 +292,9 @@ def encode_request(spans: Sequence[Any]) -> bytes:
         group = groups.get(key)
         if group is None:
             group = groups[key] = _Group(span.resource, scope)
-        parts, size = span_parts(span)
-        group.parts.append(b"".join(parts))  # while its parts are in the cache
-        group.size += size
+        encoded = encode_span(span)
+        group.parts.append(encoded)
+        group.size += len(encoded)
     # Equal resources (and scopes) held as different objects share one entry, as in encode_spans.
     by_resource: dict[Any, dict[Any, list[_Group]]] = {}
     for group in groups.values():

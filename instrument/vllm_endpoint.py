@@ -23,9 +23,9 @@ from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
 log = logging.getLogger(__name__)
 
 CHAT = "chat"
-_LOGPROB = operator.attrgetter("logprob")
 COMPLETIONS = "completions"
 _PROBE_TIMEOUT_S = 2.0
+_LOGPROB = operator.attrgetter("logprob")
 
 
 def endpoint_kind(path: str) -> str | None:
@@ -123,12 +123,12 @@ def _choice_logprobs(kind: str, choice: Any) -> list[float] | None:
         content = read_field(logprobs_obj, "content")
         if content is None:
             return None
-        if content and type(content[0]) is dict:  # the response JSON (taken before the SDK parses it)
-            return [float(entry.get("logprob")) for entry in content]
-        try:
-            return list(map(_LOGPROB, content))  # SDK objects (floats from JSON; packing checks them)
-        except AttributeError:
-            return [float(read_field(entry, "logprob")) for entry in content]
+        if content and type(content[0]) is not dict:  # SDK objects (floats from JSON; packing checks them)
+            try:
+                return list(map(_LOGPROB, content))
+            except AttributeError:
+                pass
+        return [float(read_field(entry, "logprob")) for entry in content]  # the response JSON, or anything else
     token_logprobs = read_field(logprobs_obj, "token_logprobs")
     return [float(x) for x in token_logprobs] if token_logprobs is not None else None
 
