@@ -22,7 +22,7 @@ from typing import Any, Mapping
 from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -45,30 +45,76 @@ def start_span(tracer: Any, name: str, kind: SpanKind, attributes: dict[str, Any
     is_enabled = getattr(tracer, "_is_enabled", None)
     if is_enabled is not None and not is_enabled():
         return NonRecordingSpan(parent)
-    if parent is None or not parent.is_valid:
-        parent, trace_id = None, tracer.id_generator.generate_trace_id()
+    if tracer.sampler is DEFAULT_ON and parent is not None and parent.is_valid:  # its answer is known without asking:
+        trace_id, flags, trace_state, recording = _child_of(parent)  # follow the parent
+        extra = None
     else:
-        trace_id = parent.trace_id
-    if tracer.sampler is DEFAULT_ON:  # the SDK's default sampler, whose answer is known without asking it:
-        sampled = parent is None or parent.trace_flags.sampled  # follow the parent, sample a root
-        recording, trace_state, extra = sampled, (parent.trace_state if parent is not None else None), None
-    else:
-        sampling = tracer.sampler.should_sample(parent_context, trace_id, name, kind, attributes, ())
-        sampled, recording = sampling.decision.is_sampled(), sampling.decision.is_recording()
-        trace_state, extra = sampling.trace_state, sampling.attributes
-    flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
-    random_id = getattr(parent.trace_flags, "random_trace_id", False) if parent else tracer.id_generator.is_trace_id_random()
-    if random_id:
-        flags |= _RANDOM_TRACE_ID
-    context = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False,
-                          trace_flags=TraceFlags(flags), trace_state=trace_state)  # fmt: skip
+        if parent is None or not parent.is_valid:
+            parent, trace_id = None, tracer.id_generator.generate_trace_id()
+        else:
+            trace_id = parent.trace_id
+        if tracer.sampler is DEFAULT_ON:  # a root: sampled
+            sampled, recording, trace_state, extra = True, True, None, None
+        else:
+            sampling = tracer.sampler.should_sample(parent_context, trace_id, name, kind, attributes, ())
+            sampled, recording = sampling.decision.is_sampled(), sampling.decision.is_recording()
+            trace_state, extra = sampling.trace_state, sampling.attributes
+        flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
+        random_id = getattr(parent.trace_flags, "random_trace_id", False) if parent else tracer.id_generator.is_trace_id_random()
+        flags = TraceFlags(flags | _RANDOM_TRACE_ID if random_id else flags)
+    context = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=trace_state)
     if not recording:
         return NonRecordingSpan(context)
     if extra:
         attributes.update(extra)
     span = DirectSpan(tracer, name, kind, context, parent, attributes)
-    tracer.span_processor.on_start(span, parent_context=parent_context)
+    hooks = _processor_hooks(tracer.span_processor)
+    if hooks is None:
+        tracer.span_processor.on_start(span, parent_context=parent_context)
+    else:
+        for on_start in hooks[0]:
+            on_start(span, parent_context=parent_context)
     return span
+
+
+_last_parent: tuple = (None, None)
+
+
+def _child_of(parent: SpanContext) -> tuple:
+    """(trace id, trace flags, trace state, sampled) of a child of `parent` under the default sampler,
+    remembered for the last parent asked (a rollout's model calls share one)."""
+    global _last_parent
+    known = _last_parent
+    if known[0] is parent:
+        return known[1]
+    flags = TraceFlags.SAMPLED if parent.trace_flags.sampled else TraceFlags.DEFAULT
+    if getattr(parent.trace_flags, "random_trace_id", False):
+        flags |= _RANDOM_TRACE_ID
+    child = (parent.trace_id, TraceFlags(flags), parent.trace_state, parent.trace_flags.sampled)
+    _last_parent = (parent, child)
+    return child
+
+
+_hooks: dict[int, tuple] = {}
+
+
+def _processor_hooks(processor: Any) -> tuple[tuple, tuple] | None:
+    """The on_start and on_end methods of the processors behind the provider's (synchronous) span
+    processor, without the ones that do nothing (SpanProcessor's own); None for another kind of
+    processor, which is then called as usual. The same calls the SDK makes, one layer shorter."""
+    if type(processor) is not SynchronousMultiSpanProcessor:
+        return None
+    processors = getattr(processor, "_span_processors", None)
+    known = _hooks.get(id(processor))
+    if known is None or known[0] is not processors:
+        if type(processors) is not tuple:
+            return None
+        if len(_hooks) > 64:
+            _hooks.clear()
+        starts = tuple(p.on_start for p in processors if type(p).on_start is not SpanProcessor.on_start)
+        ends = tuple(p.on_end for p in processors if type(p).on_end is not SpanProcessor.on_end)
+        known = _hooks[id(processor)] = (processors, starts, ends)
+    return known[1], known[2]
 
 
 _checked: dict[int, tuple[Any, bool]] = {}
@@ -162,4 +208,9 @@ class DirectSpan(trace.Span):
         readable = ReadableSpan(self._name, self._context, self._parent, tracer.resource, attributes, tuple(self._events),
                                 tuple(self._links), self._kind, status=self._status, start_time=self._start_time,
                                 end_time=self._end_time, instrumentation_scope=tracer._instrumentation_scope)  # fmt: skip
-        tracer.span_processor.on_end(readable)
+        hooks = _processor_hooks(tracer.span_processor)
+        if hooks is None:
+            tracer.span_processor.on_end(readable)
+        else:
+            for on_end in hooks[1]:
+                on_end(readable)

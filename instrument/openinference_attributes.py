@@ -13,6 +13,7 @@ definitions as `llm.tools` (they are in the parameters). Standard library only (
 from __future__ import annotations
 
 import json
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, Mapping
 
 from lightning_otel.instrument import schema
@@ -21,37 +22,56 @@ from lightning_otel.instrument.vllm_endpoint import CHAT, first_choice, read_fie
 _NOT_PARAMETERS = frozenset(("messages", "prompt"))
 
 
+_KEYS: dict[tuple[str, int], tuple[str, ...]] = {}
+
+
+def _keys(prefix: str, index: int) -> tuple[str, ...]:
+    """One message's attribute names (role, content, name, tool call id, content parts, tool calls),
+    made once per (messages, index): they are the same on every call."""
+    keys = _KEYS.get((prefix, index))
+    if keys is None:
+        start = schema.message_attribute(prefix, index, "")  # "llm.input_messages.0."
+        fields = (schema.MESSAGE_ROLE, schema.MESSAGE_CONTENT, schema.MESSAGE_NAME, schema.MESSAGE_TOOL_CALL_ID,
+                  schema.MESSAGE_CONTENTS, schema.MESSAGE_TOOL_CALLS)  # fmt: skip
+        keys = tuple(start + field for field in fields)
+        if len(_KEYS) < 4096:
+            _KEYS[(prefix, index)] = keys
+    return keys
+
+
 def _message(prefix: str, index: int, message: Any, attributes: dict[str, Any]) -> None:
-    start = schema.message_attribute(prefix, index, "")  # "llm.input_messages.0."
-
-    def name(field: str) -> str:
-        return start + field
-
-    role = read_field(message, "role")
+    role_key, content_key, name_key, tool_call_id_key, contents_key, tool_calls_key = _keys(prefix, index)
+    if type(message) is dict:  # a request's messages, or the response JSON: plain reads
+        get = message.get
+        role, content, name, tool_call_id, tool_calls = get("role"), get("content"), get("name"), get("tool_call_id"), get("tool_calls")
+    else:
+        role, content, name, tool_call_id, tool_calls = (read_field(message, key) for key in _MESSAGE_FIELDS)
     if role is not None:
-        attributes[name(schema.MESSAGE_ROLE)] = str(role)
-    content = read_field(message, "content")
+        attributes[role_key] = str(role)
     if isinstance(content, str):
-        attributes[name(schema.MESSAGE_CONTENT)] = content
+        attributes[content_key] = content
     elif isinstance(content, list):  # content parts: text parts kept, others by type only
         for j, part in enumerate(content):
-            part_prefix = f"{name(schema.MESSAGE_CONTENTS)}.{j}."
+            part_prefix = f"{contents_key}.{j}."
             kind = read_field(part, "type")
             attributes[part_prefix + schema.MESSAGE_CONTENT_TYPE] = str(kind)
             if kind == "text":
                 attributes[part_prefix + schema.MESSAGE_CONTENT_TEXT] = str(read_field(part, "text"))
-    for field, key in ((schema.MESSAGE_NAME, "name"), (schema.MESSAGE_TOOL_CALL_ID, "tool_call_id")):
-        value = read_field(message, key)
-        if value is not None:
-            attributes[name(field)] = str(value)
-    for j, call in enumerate(read_field(message, "tool_calls") or ()):
-        call_prefix = f"{name(schema.MESSAGE_TOOL_CALLS)}.{j}."
+    if name is not None:
+        attributes[name_key] = str(name)
+    if tool_call_id is not None:
+        attributes[tool_call_id_key] = str(tool_call_id)
+    for j, call in enumerate(tool_calls or ()):
+        call_prefix = f"{tool_calls_key}.{j}."
         function = read_field(call, "function")
         for field, value in ((schema.TOOL_CALL_ID, read_field(call, "id")),
                              (schema.TOOL_CALL_FUNCTION_NAME, read_field(function, "name")),
                              (schema.TOOL_CALL_FUNCTION_ARGUMENTS, read_field(function, "arguments"))):  # fmt: skip
             if value is not None:
                 attributes[call_prefix + field] = str(value)
+
+
+_MESSAGE_FIELDS = ("role", "content", "name", "tool_call_id", "tool_calls")
 
 
 def request_attributes(kind: str, body: Mapping[str, Any], hide_inputs: bool) -> dict[str, Any]:
@@ -76,12 +96,15 @@ def request_attributes(kind: str, body: Mapping[str, Any], hide_inputs: bool) ->
 
 
 _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=...) would build an encoder per call
+# json's C encoder made once, without the circular-reference memo (JSONEncoder builds both per call:
+# half the time of encoding a call's parameters); a circular value ends in RecursionError instead
+_C_ENCODER = c_make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True) if c_make_encoder else None
 
 
 def _json(value: Any) -> str:
     try:
-        return _ENCODER.encode(value)
-    except ValueError:  # a circular structure: the call itself will fail to send it too
+        return "".join(_C_ENCODER(value, 0)) if _C_ENCODER is not None else _ENCODER.encode(value)
+    except (ValueError, RecursionError):  # a circular structure: the call itself will fail to send it too
         return str(value)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from lightning_otel.instrument import schema
-from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
+from lightning_otel.instrument.token_encoding import attribute, pack
 
 log = logging.getLogger(__name__)
 
@@ -100,16 +100,23 @@ def _class_has(cls: type, key: str) -> bool:
 
 def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001
     """The schema's token attributes, packed; logprobs only when they align one to one with the ids."""
+    prompt, completion, lps = (None if v is None else pack(code, v) for code, v in (("i", prompt_ids), ("i", completion_ids), ("d", logprobs)))
+    return packed_attributes(prompt, completion, lps, finish_reason)
+
+
+def packed_attributes(prompt: bytes | None, completion: bytes | None, logprobs: bytes | None, finish_reason: Any) -> dict[str, Any]:
+    """The schema's token attributes from ids already packed as little-endian int32 and logprobs as
+    float64 bytes; logprobs only when they align one to one with the completion ids."""
     attributes: dict[str, Any] = {}
-    if prompt_ids is not None:
-        attributes[schema.PACKED_PROMPT_TOKEN_IDS] = pack_ints(prompt_ids)
-    if completion_ids is not None:
-        attributes[schema.PACKED_COMPLETION_TOKEN_IDS] = pack_ints(completion_ids)
-        if logprobs is not None and len(logprobs) == len(completion_ids):
-            attributes[schema.PACKED_COMPLETION_LOGPROBS] = pack_floats(logprobs)
+    if prompt is not None:
+        attributes[schema.PACKED_PROMPT_TOKEN_IDS] = attribute(prompt)
+    if completion is not None:
+        attributes[schema.PACKED_COMPLETION_TOKEN_IDS] = attribute(completion)
+        if logprobs is not None and len(logprobs) // 8 == len(completion) // 4:
+            attributes[schema.PACKED_COMPLETION_LOGPROBS] = attribute(logprobs)
         elif logprobs is not None:
             log.warning("vLLM returned %d logprobs for %d completion tokens; not recorded",
-                        len(logprobs), len(completion_ids))  # fmt: skip
+                        len(logprobs) // 8, len(completion) // 4)  # fmt: skip
     if finish_reason is not None:
         attributes[schema.FINISH_REASON] = str(finish_reason)
     return attributes

@@ -17,7 +17,8 @@ from lightning_otel.collector import connect
 from lightning_otel.instrument import schema
 
 AGENT = r"""
-import asyncio, gc, json, sys, openai, lightning_otel
+import asyncio, gc, json, sys, urllib.request, openai, lightning_otel
+from lightning_otel.instrument.integrations import _openai_lean
 endpoint, base_url, model, hide = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "hide"
 inst = lightning_otel.instrument(endpoint=endpoint, service_name="lean-test", openai_spans="lean", hide_inputs=hide, hide_outputs=hide)
 client, aclient = openai.OpenAI(base_url=base_url, api_key="x"), openai.AsyncOpenAI(base_url=base_url, api_key="x")
@@ -26,10 +27,26 @@ returned = []  # (prompt ids, completion ids, logprobs, text) as the client saw 
 ASK = dict(logprobs=True, extra_body={"return_token_ids": True})  # the caller asks too: it sees them
 GREEDY = dict(model=model, messages=messages, max_tokens=5, temperature=0)
 unasked = []  # responses to calls that did not ask for token fields: what the caller got
+scanned = []  # lean calls whose response body the compiled scanner read
+take_body = _openai_lean._LeanCall.take_body
+def counting_take_body(self, content):
+    data = take_body(self, content)
+    scanned.append(data is not None)
+    return data
+_openai_lean._LeanCall.take_body = counting_take_body
+
+def token_fields(reply, choice):  # what a reply says of token ids and logprobs ("absent": no such key)
+    get = lambda fields, key: fields.get(key, "absent") if isinstance(fields, dict) else getattr(fields, key, "absent")
+    top, first = (reply.model_extra or {}, choice.model_extra or {}) if not isinstance(reply, dict) else (reply, choice)
+    return [get(top, "prompt_token_ids"), get(first, "prompt_token_ids"), get(first, "token_ids"), get(choice, "logprobs")]
+
+def uninstrumented(path, body):  # the same request straight to vLLM, past the SDK and us
+    request = urllib.request.Request(base_url.rstrip("/") + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    reply = json.loads(urllib.request.urlopen(request, timeout=120).read())
+    return token_fields(reply, reply["choices"][0])
 
 def plain(reply):
-    unasked.append({"extra": sorted(reply.model_extra or {}), "choice_extra": sorted(reply.choices[0].model_extra or {}),
-                    "logprobs": reply.choices[0].logprobs is not None, "text": reply.choices[0].message.content})
+    unasked.append({"fields": token_fields(reply, reply.choices[0]), "text": reply.choices[0].message.content})
 
 def chat(reply):
     c = reply.choices[0]
@@ -74,9 +91,10 @@ with lightning_otel.rollout(task_id="lean") as rollout:
     gc.collect()
     chat(client.chat.completions.create(**GREEDY, **ASK))  # greedy: what the unasked calls below got too
     plain(client.chat.completions.create(**GREEDY))
-    plain_text = client.completions.create(model=model, prompt="one two", max_tokens=4, temperature=0).choices[0]
-    unasked.append({"extra": [], "choice_extra": sorted(plain_text.model_extra or {}), "logprobs": plain_text.logprobs is not None,
-                    "text": plain_text.text})
+    text_reply = client.completions.create(model=model, prompt="one two", max_tokens=4, temperature=0)
+    unasked.append({"fields": token_fields(text_reply, text_reply.choices[0]), "text": text_reply.choices[0].text})
+    bare = [uninstrumented("/chat/completions", {"model": model, "messages": messages, "max_tokens": 5, "temperature": 0})] * 2
+    bare.append(uninstrumented("/completions", {"model": model, "prompt": "one two", "max_tokens": 4, "temperature": 0}))
     try:
         client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=2)
     except openai.NotFoundError:
@@ -86,7 +104,7 @@ with lightning_otel.rollout(task_id="lean") as rollout:
     except openai.OpenAIError:
         pass
 inst.flush()
-print(json.dumps({"rollout": rollout.rollout_id, "returned": returned, "unasked": unasked}))
+print(json.dumps({"rollout": rollout.rollout_id, "returned": returned, "unasked": unasked, "bare": bare, "scanned": scanned}))
 """
 
 
@@ -124,9 +142,12 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
     text = next(s for s in complete if s["name"] == "Completion" and s["attributes"][schema.OUTPUT_VALUE] == result["unasked"][-1]["text"])
     expected = sorted(asked + [greedy, greedy, (list(text["prompt"]), list(text["completion"]), pytest.approx(text["logprobs"]))])
     assert stored == expected  # calls that did not ask still captured the ids and logprobs vLLM returned
-    # ... and their callers got what an uninstrumented client gets: no token ids, no logprobs
-    fields = [("prompt_token_ids" in u["extra"], {"token_ids", "prompt_token_ids"} & set(u["choice_extra"]), u["logprobs"]) for u in result["unasked"]]
-    assert fields == [(False, set(), False)] * 3
+    # ... and their callers got what an uninstrumented client gets: no token ids, no logprobs (vLLM's nulls)
+    assert [u["fields"] for u in result["unasked"]] == result["bare"]
+    assert all(value in (None, "absent") for fields in result["bare"] for value in fields)
+    # the non-streaming calls' bodies were read by the compiled scanner (its Python twin: test_vllm_tokens.py);
+    # not the with_raw_response one, parsed after its request returned (read from the SDK's objects)
+    assert result["scanned"] == [True] * 7
     for s in complete:
         assert s["version"] is not None and s["count"] == len(s["completion"])
         assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]} | {u["text"] for u in result["unasked"]}

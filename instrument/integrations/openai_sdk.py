@@ -63,7 +63,7 @@ def _token_fields(client: Any, options: Any, kind: str, body: dict, capture: str
     are not captured for this server."""
     if capture == "off":
         return None
-    base_url = _url_text(client.base_url)
+    base_url = _url_text(_base_url(client))
     if capture == "auto" and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, _client_headers(client))).is_vllm:
         return None
     extra = dict(options.extra_json or {})
@@ -71,6 +71,14 @@ def _token_fields(client: Any, options: Any, kind: str, body: dict, capture: str
     return extra, base_url
 
 
+def _base_url(client: Any) -> Any:
+    """client.base_url: the SDK's own attribute behind it when there is one (the property runs an
+    import statement per read in openai 2.x, ~1 us on every call)."""
+    url = getattr(client, "__dict__", _NO_FIELDS).get("_base_url")
+    return url if url is not None else client.base_url
+
+
+_NO_FIELDS: dict = {}
 _url_texts: dict[int, tuple[Any, str]] = {}
 
 
@@ -185,6 +193,15 @@ def _async_wrapper(original, capture: str):
     return request
 
 
+def _sdk_response_class() -> type | None:
+    """The HTTP response class whose json() the SDK calls (httpx's, or httpx2's in newer SDKs)."""
+    from openai import _base_client
+
+    module = getattr(_base_client, "httpx2", None) or getattr(_base_client, "httpx", None)
+    response_class = getattr(module, "Response", None)
+    return response_class if isinstance(response_class, type) and callable(getattr(response_class, "json", None)) else None
+
+
 def enable(tracer_provider: Any, options: Options) -> None:
     import openai
     from openai._base_client import BaseClient  # where response JSON becomes SDK objects
@@ -201,7 +218,7 @@ def enable(tracer_provider: Any, options: Options) -> None:
     if options.openai_spans == "lean":
         # OpenInference keeps the endpoints the lean span does not cover (embeddings, responses, ...)
         instrumentor.instrument(tracer_provider=tracer_provider, config=options.trace_config())
-        from lightning_otel.instrument.integrations._openai_lean import _lean_async_wrapper, _lean_sync_wrapper, _taking_wrapper
+        from lightning_otel.instrument.integrations._openai_lean import _json_wrapper, _lean_async_wrapper, _lean_sync_wrapper, _taking_wrapper, _vllm_tokens
 
         tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         openai.OpenAI.request = _lean_sync_wrapper(_state["sync"], openai.OpenAI.request, tracer, options)
@@ -209,6 +226,10 @@ def enable(tracer_provider: Any, options: Options) -> None:
         if hasattr(BaseClient, "_process_response_data"):  # else token fields are read from the SDK's objects
             _state["parse"] = BaseClient._process_response_data
             BaseClient._process_response_data = _taking_wrapper(_state["parse"])
+            response_class = _sdk_response_class()
+            if _vllm_tokens is not None and response_class is not None:  # the raw body, before the SDK parses it
+                _state["json"] = (response_class, response_class.json)
+                response_class.json = _json_wrapper(response_class.json)
         return
     openai.OpenAI.request = _sync_wrapper(_state["sync"], options.capture_tokens)
     openai.AsyncOpenAI.request = _async_wrapper(_state["async"], options.capture_tokens)
@@ -224,4 +245,7 @@ def disable() -> None:
         openai.OpenAI.request, openai.AsyncOpenAI.request = _state.pop("sync"), _state.pop("async")
         if "parse" in _state:
             BaseClient._process_response_data = _state.pop("parse")
+        if "json" in _state:
+            response_class, original = _state.pop("json")
+            response_class.json = original
     OpenAIInstrumentor().uninstrument()
