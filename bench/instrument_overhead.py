@@ -9,10 +9,10 @@ includes parsing the token fields instrument() asks for; `--stub-fields always` 
 bare client too, leaving only the instrumentation's own work. Each mode runs in its own process, twice, interleaved so drift hits all. Modes:
 
   bare                   the OpenAI client, nothing instrumented
-  openinference          instrument(): OpenInference's OpenAI span + our token capture (default)
-  openinference-nocap    instrument(capture_tokens="off"): OpenInference's span alone
-  lean                   instrument(openai_spans="lean"): our span + token capture
-  lean-nocap             instrument(openai_spans="lean", capture_tokens="off")
+  lean                   instrument(), the default: our lean span + token capture
+  lean-nocap             instrument(capture_tokens="off"): our lean span alone
+  openinference          instrument(openai_spans="openinference"): OpenInference's span + our token capture
+  openinference-nocap    instrument(openai_spans="openinference", capture_tokens="off")
 
 Calls run inside one rollout (as in an agent; rollout attributes are copied onto each span). Per
 mode it reports:
@@ -42,8 +42,8 @@ pristine = openai.OpenAI.request
 import lightning_otel
 mode, url, calls, endpoint = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 if mode != "bare":
-    inst = lightning_otel.instrument(endpoint=endpoint, capture_tokens="off" if mode.endswith("nocap") else "auto",
-                              openai_spans="lean" if mode.startswith("lean") else "openinference")
+    spans = {} if mode.startswith("lean") else {"openai_spans": "openinference"}  # lean: the default
+    inst = lightning_otel.instrument(endpoint=endpoint, capture_tokens="off" if mode.endswith("nocap") else "auto", **spans)
 instrumented = openai.OpenAI.request
 client = openai.OpenAI(base_url=url, api_key="x")
 messages = [{"role": "user", "content": "hello " * 200}]

@@ -15,21 +15,7 @@
 
 #define HEAD 10 /* room before the body for the field's tag and length */
 
-typedef struct {
-    char *data;
-    Py_ssize_t len, cap;
-} Buffer;
-
-static int reserve(Buffer *b, Py_ssize_t more) {
-    if (b->len + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap * 2;
-    while (cap < b->len + more) cap *= 2;
-    char *data = PyMem_Realloc(b->data, cap);
-    if (!data) { PyErr_NoMemory(); return -1; }
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
+#include "_buffer.h"
 
 static int varint_size(uint64_t v) {
     int n = 1;

@@ -25,24 +25,12 @@
 #define PyFloat_Pack8 _PyFloat_Pack8
 #endif
 
+#include "_buffer.h"
 #include "_json_scan.h"
 
 #define MAX_CUTS 64
 
 typedef struct { Ptr start, end; } Span; /* a value's bytes */
-typedef struct { char *data; Py_ssize_t len, cap; } Buffer;
-
-static int reserve(Buffer *b, Py_ssize_t more) {
-    if (b->len + more <= b->cap) return 0;
-    Py_ssize_t cap = b->cap ? b->cap * 2 : 1024;
-    while (cap < b->len + more) cap *= 2;
-    char *data = PyMem_Realloc(b->data, cap);
-    if (!data) { PyErr_NoMemory(); return -1; }
-    b->data = data;
-    b->cap = cap;
-    return 0;
-}
-
 #define KEY(name) (n == (Py_ssize_t)sizeof(name) - 1 && memcmp(key, name, n) == 0)
 
 /* An array of JSON integers in int32 (a fraction or an exponent is not an id) -> little-endian bytes.

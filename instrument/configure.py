@@ -157,7 +157,7 @@ def instrument(
     hide_inputs: bool = False,
     hide_outputs: bool = False,
     max_attribute_length: int | None = None,
-    openai_spans: str = "openinference",
+    openai_spans: str = "lean",
 ) -> Instrumentation:
     """Configure tracing for this process and turn on the installed integrations.
 
@@ -173,10 +173,11 @@ def instrument(
       tool arguments / results; token ids and logprobs are kept, training needs them.
     max_attribute_length: cut string attribute values to this many characters (not with base64
       token encoding, whose text must stay whole).
-    openai_spans: spans of OpenAI SDK chat and text completions: 'openinference' (OpenInference's
-      instrumentor, every attribute it records) or 'lean' (our span in OpenInference's conventions,
-      without the full response JSON and tool definitions, at a fraction of the cost per call;
-      README "Instrument an agent"). Other endpoints always use OpenInference's.
+    openai_spans: spans of OpenAI SDK chat and text completions: 'lean' (the default: our span in
+      OpenInference's conventions, without the full response JSON and tool definitions, at a
+      fraction of the cost per call; callers get only the token fields they asked for) or
+      'openinference' (OpenInference's instrumentor, every attribute it records; README "Instrument
+      an agent"). Other endpoints always use OpenInference's.
     """
     global _state
     if capture_tokens not in CAPTURE_MODES:

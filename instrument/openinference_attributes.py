@@ -1,6 +1,6 @@
 """OpenInference attributes of an OpenAI-style call, from its request body and its response.
 
-Used by the lean OpenAI SDK span (`instrument(openai_spans="lean")`): the attributes OpenInference's
+Used by the lean OpenAI SDK span (instrument()'s default): the attributes OpenInference's
 OpenAI instrumentor writes for chat and text completions that people read (model, invocation
 parameters, messages with tool calls, token counts, input as JSON), built with as little work as
 possible, because this runs on every model call. Left out, on purpose: a chat request's body as

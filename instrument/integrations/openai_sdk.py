@@ -1,13 +1,13 @@
-"""OpenAI SDK: OpenInference's OpenAI instrumentor plus vLLM token capture, or lean spans.
+"""OpenAI SDK: lean spans (the default), or OpenInference's OpenAI instrumentor, with vLLM token capture.
 
-Default (`openai_spans="openinference"`): OpenInference wraps `OpenAI.request` and makes the LLM span current while the original method
+`openai_spans="openinference"`: OpenInference wraps `OpenAI.request` and makes the LLM span current while the original method
 runs. We wrap the same method *first*, so our wrapper sits inside that span: it adds
 `return_token_ids` and logprobs to requests bound for vLLM and writes the returned token ids and
 logprobs (and the serving weight version) onto the still-open OpenInference span. Streams are
 captured chunk by chunk: we swap the stream's iterator for one that feeds an accumulator, so the
 object OpenInference sees is still an `openai.Stream` and its span ends after ours recorded.
 
-Lean (`openai_spans="lean"`): chat and text completions get our own span instead
+Lean (`openai_spans="lean"`, the default): chat and text completions get our own span instead
 (_openai_lean.py); every other endpoint still goes through OpenInference.
 """
 
