@@ -30,7 +30,7 @@ from lightning_otel.instrument import options as options_module
 from lightning_otel.instrument import rollouts as rollouts_module
 from lightning_otel.instrument import schema
 from lightning_otel.instrument.integrations import ALL as INTEGRATIONS
-from lightning_otel.instrument.options import CAPTURE_MODES, OPENAI_SPAN_MODES, Options
+from lightning_otel.instrument.options import CAPTURE_MODES, MIN_ATTRIBUTE_LENGTH, OPENAI_SPAN_MODES, Options
 from lightning_otel.instrument.otlp_encoding import encode_request
 from lightning_otel.instrument.rollouts import LightningSpanProcessor
 from lightning_otel.instrument.token_encoding import current as token_encoding_in_use
@@ -171,8 +171,9 @@ def instrument(
       store bytes attributes, such as Arize Phoenix).
     hide_inputs / hide_outputs: redact prompt and completion text (OpenInference's masking) and
       tool arguments / results; token ids and logprobs are kept, training needs them.
-    max_attribute_length: cut string attribute values to this many characters (not with base64
-      token encoding, whose text must stay whole).
+    max_attribute_length: cut string attribute values to this many characters, at least
+      MIN_ATTRIBUTE_LENGTH (rollout() and reward() then refuse longer rollout and task ids); not with
+      base64 token encoding, whose text must stay whole.
     openai_spans: spans of OpenAI SDK chat and text completions: 'lean' (the default: our span in
       OpenInference's conventions, without the full response JSON and tool definitions, at a
       fraction of the cost per call; callers get only the token fields they asked for) or
@@ -184,13 +185,19 @@ def instrument(
         raise ValueError(f"capture_tokens must be one of {CAPTURE_MODES}, got {capture_tokens!r}")
     if openai_spans not in OPENAI_SPAN_MODES:
         raise ValueError(f"openai_spans must be one of {OPENAI_SPAN_MODES}, got {openai_spans!r}")
+    if max_attribute_length is not None and max_attribute_length < MIN_ATTRIBUTE_LENGTH:
+        # the cap applies to every string attribute, rollout and task ids included: a short one would
+        # cut them and detach spans from their rollouts
+        raise ValueError(f"max_attribute_length must be at least {MIN_ATTRIBUTE_LENGTH} (it would cut rollout and task ids), "
+                         f"got {max_attribute_length}")  # fmt: skip
     with _lock:
         if _state is not None:
             return _state
         set_encoding(token_encoding)
         if max_attribute_length is not None and token_encoding_in_use() == "base64":
             raise ValueError("max_attribute_length would cut base64-packed token ids; use token_encoding='bytes'")
-        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs, openai_spans=openai_spans)
+        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs, openai_spans=openai_spans,
+                         max_attribute_length=max_attribute_length)  # fmt: skip
         options_module.current = chosen
         url = _endpoint(endpoint)
         current = trace.get_tracer_provider()

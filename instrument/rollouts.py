@@ -82,7 +82,9 @@ def rollout(
     are compared with each other. Exceptions are recorded on the span and re-raised."""
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
-    current = Rollout(rollout_id=rollout_id or uuid.uuid4().hex, task_id=str(task_id), attempt=int(attempt))
+    cap = options.current
+    current = Rollout(rollout_id=cap.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
+                      task_id=cap.check_id("task_id", str(task_id)), attempt=int(attempt))  # fmt: skip
     span_attributes = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT,
         schema.ROLLOUT_ROOT: True,
@@ -119,6 +121,7 @@ def reward(
         if current is None:
             raise RuntimeError("reward() outside a rollout: pass rollout_id= or call it inside `with rollout(...)`")
         rollout_id = current.rollout_id
+    options.current.check_id("rollout_id", rollout_id)
     attributes: dict[str, Any] = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR,
         schema.ROLLOUT_ID: rollout_id,
@@ -128,7 +131,7 @@ def reward(
     if task_id is None and current is not None and current.rollout_id == rollout_id:
         task_id = current.task_id
     if task_id is not None:
-        attributes[schema.TASK_ID] = task_id
+        attributes[schema.TASK_ID] = options.current.check_id("task_id", task_id)
     # Inside its own rollout the reward span joins the rollout's trace; a late reward for another
     # rollout starts a trace of its own and is tied to the rollout by its id alone.
     parent = None if current is not None and current.rollout_id == rollout_id else context_api.Context()

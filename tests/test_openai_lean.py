@@ -215,3 +215,34 @@ def test_lean_spans_pending_at_exit_are_exported(vllm_server, session_collector)
     query = "SELECT name, len(completion_token_ids) FROM spans WHERE service_name = 'lean-exit' AND span_kind = 'LLM'"
     rows = wait_for(lambda: conn.execute(query).fetchall(), lambda r: len(r) >= 1)
     assert rows[0][0] == "ChatCompletion" and rows[0][1] >= 1
+
+
+def test_the_attribute_cap_cuts_text_and_keeps_ids(vllm_server, session_collector):
+    # instrument(max_attribute_length=256): message text cut to 256 characters; token ids, logprobs
+    # and rollout identity whole; a cap that would cut ids, or an id over the cap, refused up front
+    script = (
+        "import json, openai, lightning_otel\n"
+        "try:\n"
+        "    lightning_otel.instrument(max_attribute_length=16)\n"
+        "except ValueError as e:\n"
+        "    short = str(e)\n"
+        f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, service_name='lean-cap', max_attribute_length=256)\n"
+        f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
+        "with lightning_otel.rollout(task_id='lean-cap-task') as r:\n"
+        f"    reply = client.chat.completions.create(model={vllm_server.served_model_name!r}, max_tokens=4, logprobs=True,\n"
+        "        messages=[{'role': 'user', 'content': 'count ' * 60}], extra_body={'return_token_ids': True})\n"
+        "try:\n"
+        "    with lightning_otel.rollout(task_id='t' * 300): pass\n"
+        "except ValueError as e:\n"
+        "    long = str(e)\n"
+        "inst.flush()\n"
+        "print(json.dumps([r.rollout_id, reply.model_extra['prompt_token_ids'], reply.choices[0].model_extra['token_ids'], short, long]))\n"
+    )  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rollout_id, prompt, completion, short, long = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "at least 256" in short and "task_id is 300 characters" in long
+    [span] = [s for s in _spans(session_collector, rollout_id, 2) if s["kind"] == schema.KIND_LLM]
+    assert span["attributes"][INPUT_CONTENT] == ("count " * 60)[:256]
+    assert list(span["prompt"]) == prompt and list(span["completion"]) == completion
+    assert len(span["logprobs"]) == len(completion)
