@@ -194,18 +194,27 @@ def instrument(
         if _state is not None:
             return _state
         set_encoding(token_encoding)
-        if max_attribute_length is not None and token_encoding_in_use() == "base64":
-            raise ValueError("max_attribute_length would cut base64-packed token ids; use token_encoding='bytes'")
-        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs, openai_spans=openai_spans,
-                         max_attribute_length=max_attribute_length)  # fmt: skip
-        options_module.current = chosen
         url = _endpoint(endpoint)
         current = trace.get_tracer_provider()
         if isinstance(current, TracerProvider):
             provider = current  # someone configured the SDK already: add to it, don't replace it
+            limits = getattr(current, "_span_limits", None)
+            if max_attribute_length is not None and getattr(limits, "max_attribute_length", None) != max_attribute_length:
+                log.warning("lightning_otel: max_attribute_length=%s not applied: this process's TracerProvider was made "
+                            "before instrument(), and its span limits apply", max_attribute_length)  # fmt: skip
         else:
+            provider = None
+            limits = SpanLimits(max_attribute_length=max_attribute_length)  # None: OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT
+        cap = getattr(limits, "max_attribute_length", None)  # what will cut string attributes, wherever it was set
+        if cap is not None and cap < MIN_ATTRIBUTE_LENGTH:
+            raise ValueError(f"the span limits cut string attributes to {cap} characters, under {MIN_ATTRIBUTE_LENGTH}: "
+                             "rollout and task ids would be cut (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT?)")  # fmt: skip
+        if cap is not None and token_encoding_in_use() == "base64":
+            raise ValueError("an attribute length cap would cut base64-packed token ids; use token_encoding='bytes'")
+        chosen = options_module.current = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs,
+                                                  openai_spans=openai_spans, max_attribute_length=cap)  # fmt: skip
+        if provider is None:
             name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
-            limits = SpanLimits(max_attribute_length=max_attribute_length) if max_attribute_length else None
             resource = Resource.create({schema.SERVICE_NAME: name, schema.SERVICE_INSTANCE_ID: uuid.uuid4().hex})
             provider = TracerProvider(resource=resource, span_limits=limits)
             trace.set_tracer_provider(provider)

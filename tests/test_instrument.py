@@ -211,3 +211,41 @@ def test_redaction_hides_text_but_keeps_what_training_needs(tmp_path):
         rows = wait_for(lambda: connect(collector.data_dir).execute("SELECT input, output FROM tool_calls").fetchall(),
                         lambda r: len(r) >= 1)  # fmt: skip
     assert rows == [("__REDACTED__", "__REDACTED__")]
+
+
+def test_attribute_caps_that_would_cut_ids_are_refused():
+    """In a fresh process: a span-limit cap from the environment (the SDK reads
+    OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT) that would cut rollout ids, or any cap with base64 token
+    encoding, is refused by instrument(); under a cap that fits, ids longer than it are refused
+    by rollout() and reward() rather than cut on the spans."""
+    code = (
+        "import json, os, lightning_otel\n"
+        "said = []\n"
+        "def attempt(call):\n"
+        "    try:\n"
+        "        call()\n"
+        "        said.append('accepted')\n"
+        "    except ValueError as e:\n"
+        "        said.append(str(e))\n"
+        "dead = 'http://127.0.0.1:9/v1/traces'\n"
+        "os.environ['OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT'] = '16'\n"
+        "attempt(lambda: lightning_otel.instrument(endpoint=dead))\n"
+        "os.environ['OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT'] = '300'\n"
+        "attempt(lambda: lightning_otel.instrument(endpoint=dead, token_encoding='base64'))\n"
+        "attempt(lambda: lightning_otel.instrument(endpoint=dead))\n"
+        "def enter(task_id):\n"
+        "    with lightning_otel.rollout(task_id=task_id):\n"
+        "        pass\n"
+        "attempt(lambda: enter('t' * 301))\n"
+        "attempt(lambda: enter('t' * 300))\n"
+        "attempt(lambda: lightning_otel.reward(1.0, rollout_id='r' * 301))\n"
+        "print(json.dumps(said))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    short, base64, fits, long_task, task_at_cap, long_rollout = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "cut string attributes to 16 characters" in short
+    assert "base64" in base64
+    assert fits == task_at_cap == "accepted"
+    assert "task_id is 301 characters, over max_attribute_length=300" in long_task
+    assert "rollout_id is 301 characters" in long_rollout
