@@ -185,11 +185,7 @@ def instrument(
         raise ValueError(f"capture_tokens must be one of {CAPTURE_MODES}, got {capture_tokens!r}")
     if openai_spans not in OPENAI_SPAN_MODES:
         raise ValueError(f"openai_spans must be one of {OPENAI_SPAN_MODES}, got {openai_spans!r}")
-    if max_attribute_length is not None and max_attribute_length < MIN_ATTRIBUTE_LENGTH:
-        # the cap applies to every string attribute, rollout and task ids included: a short one would
-        # cut them and detach spans from their rollouts
-        raise ValueError(f"max_attribute_length must be at least {MIN_ATTRIBUTE_LENGTH} (it would cut rollout and task ids), "
-                         f"got {max_attribute_length}")  # fmt: skip
+    _refuse_short_cap(max_attribute_length)
     with _lock:
         if _state is not None:
             return _state
@@ -206,9 +202,7 @@ def instrument(
             provider = None
             limits = SpanLimits(max_attribute_length=max_attribute_length)  # None: OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT
         cap = getattr(limits, "max_attribute_length", None)  # what will cut string attributes, wherever it was set
-        if cap is not None and cap < MIN_ATTRIBUTE_LENGTH:
-            raise ValueError(f"the span limits cut string attributes to {cap} characters, under {MIN_ATTRIBUTE_LENGTH}: "
-                             "rollout and task ids would be cut (OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT?)")  # fmt: skip
+        _refuse_short_cap(cap)
         if cap is not None and token_encoding_in_use() == "base64":
             raise ValueError("an attribute length cap would cut base64-packed token ids; use token_encoding='bytes'")
         chosen = options_module.current = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs,
@@ -227,6 +221,15 @@ def instrument(
         _state = Instrumentation(provider, url, enabled, chosen, processor, exporter)
         rollouts_module.dropped_spans = lambda: processor.dropped(exporter)
         return _state
+
+
+def _refuse_short_cap(cap: int | None) -> None:
+    """The attribute cap applies to every string attribute, rollout and task ids included: a short one
+    would cut them and detach spans from their rollouts."""
+    if cap is not None and cap < MIN_ATTRIBUTE_LENGTH:
+        raise ValueError(f"an attribute length cap would cut string attributes to {cap} characters, rollout and task ids "
+                         f"included: it must be at least {MIN_ATTRIBUTE_LENGTH} (max_attribute_length, or "
+                         "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)")  # fmt: skip
 
 
 def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:  # noqa: ANN001 - an integration module

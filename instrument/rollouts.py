@@ -82,9 +82,9 @@ def rollout(
     are compared with each other. Exceptions are recorded on the span and re-raised."""
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
-    cap = options.current
-    current = Rollout(rollout_id=cap.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
-                      task_id=cap.check_id("task_id", str(task_id)), attempt=int(attempt))  # fmt: skip
+    chosen = options.current
+    current = Rollout(rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
+                      task_id=chosen.check_id("task_id", str(task_id)), attempt=int(attempt))  # fmt: skip
     span_attributes = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT,
         schema.ROLLOUT_ROOT: True,

@@ -1,8 +1,8 @@
 """Lean OpenAI SDK spans (`instrument(openai_spans="lean")`): chat and text completions get our own
 span, named and attributed as OpenInference's (openinference_attributes.py), with the same token
 capture as openai_sdk.py's; every other endpoint still goes through OpenInference. It exists for
-speed: with token capture OpenInference's span costs ~470 us per call here, the lean one (a
-direct_span.DirectSpan) ~90 (BENCHMARKS.md); what it leaves out is listed in
+speed: with token capture OpenInference's span adds ~340 us per call here, the lean one (a
+direct_span.DirectSpan) ~60 (BENCHMARKS.md); what it leaves out is listed in
 openinference_attributes.py.
 
 A lean non-streaming call reads vLLM's token fields from the response before the SDK builds its
@@ -30,7 +30,7 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.instrument.direct_span import start_span
-from lightning_otel.instrument.integrations.openai_sdk import _safely, _stamp, _token_fields, _watch
+from lightning_otel.instrument.integrations.openai_sdk import _NO_FIELDS, _safely, _stamp, _token_fields, _watch
 from lightning_otel.instrument.openinference_attributes import output_attributes, request_attributes, response_attributes, stream_text
 from lightning_otel.instrument.options import Options
 from lightning_otel.instrument.vllm_endpoint import CHAT, COMPLETIONS, StreamAccumulator, endpoint_kind, packed_attributes, token_attributes
@@ -112,7 +112,7 @@ class _LeanCall:
         if fields is not None:
             if not stream:
                 self._offered = _taking.set(self)
-            extra, body = request_options.extra_json or _EMPTY, self.body
+            extra, body = request_options.extra_json or _NO_FIELDS, self.body
             ids = extra["return_token_ids"] if "return_token_ids" in extra else body.get("return_token_ids")
             logprobs = extra["logprobs"] if "logprobs" in extra else body.get("logprobs")
             self.strip_ids, self.strip_logprobs = not ids, (not logprobs if self.kind == CHAT else logprobs is None)
@@ -152,7 +152,6 @@ class _LeanCall:
         return _watch(response, self.chunk, self.done)
 
 
-_EMPTY: dict = {}
 _JSON = json.JSONDecoder()
 _SPAN_NAMES = {CHAT: "ChatCompletion", COMPLETIONS: "Completion"}
 _taking: ContextVar[_LeanCall | None] = ContextVar("lightning_otel_openai_taking", default=None)
