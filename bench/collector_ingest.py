@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from payloads import build_request  # noqa: E402
 
-from lightning_otel.collector.spans_table import decode_request  # noqa: E402
+from lightning_otel.collector.span_rows import decode_request  # noqa: E402
 
 PAYLOADS = {"a": (1000, False), "b": (200, True)}
 
@@ -145,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
 
     spans_per_request, training = PAYLOADS[args.payload]
-    from lightning_otel.instrument.token_encoding import set_encoding
+    from lightning_otel.core.token_encoding import set_encoding
 
     set_encoding(args.token_encoding)
     base = build_request(spans_per_request, training, plain_arrays=args.plain_arrays)
@@ -160,7 +160,7 @@ def main() -> None:
     if args.target:
         url = args.target
     else:
-        from lightning_otel.servers import CollectorProcess
+        from lightning_otel.core.servers import CollectorProcess
 
         collector = CollectorProcess(Path(workdir) / "data", flush_interval_s=1.0, log_path=Path(workdir) / "collector.log",
                                      extra_args=["--workers", str(args.workers)]).start()  # fmt: skip

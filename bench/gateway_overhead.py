@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--litellm", metavar="BIN", help="also measure the LiteLLM proxy started by this `litellm` "
                         "executable (pip install 'litellm[proxy]', best in a separate venv)")
     args = parser.parse_args()
-    from lightning_otel.servers import CollectorProcess, GatewayProcess, free_port, stop_process, wait_http_ok
+    from lightning_otel.core.servers import CollectorProcess, GatewayProcess, free_port, stop_process, wait_http_ok
 
     workdir = Path(tempfile.mkdtemp(prefix="lightning-gateway-bench-"))
     port = free_port()

@@ -1,7 +1,7 @@
 """GPU training throughput and MFU for our update's forward/backward, standalone (torch and
 transformers only, as on the lent H200): a random-init model of Qwen2.5-0.5B or -1.5B shape, bf16,
 GRPO-like batches (prompts shared by groups of completions, laid out with shared prefixes as
-trainer/layout.py does), the same per-token weighted PPO loss.
+trainer/lightning_otel/trainer/layout.py does), the same per-token weighted PPO loss.
 
     python bench/gpu_train.py --shape 0.5b --seconds 90
     python bench/gpu_train.py --shape tiny --device cpu --seconds 10      # a dry run here

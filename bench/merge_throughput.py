@@ -24,7 +24,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightning_otel.collector import connect  # noqa: E402
-from lightning_otel.collector.spans_table import SPANS_SCHEMA  # noqa: E402
+from lightning_otel.collector.span_rows import SPANS_SCHEMA  # noqa: E402
 from lightning_otel.collector.store import Store  # noqa: E402
 from lightning_otel.trainer import SelectionConfig, build_batch, select_rollouts  # noqa: E402
 from lightning_otel.trainer.rollout_data import selection_sql  # noqa: E402

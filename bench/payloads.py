@@ -14,8 +14,8 @@ import random
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
-from lightning_otel.instrument import schema
-from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
+from lightning_otel.core import schema
+from lightning_otel.core.token_encoding import pack_floats, pack_ints
 
 WORDS = "the agent calls a tool then reads the result and answers the user with a short summary".split()
 

@@ -2,7 +2,7 @@
 
     python bench/swap_latency.py --swaps 5 --clients 4
 
-1. Idle, direct (lightning_otel.vllm_admin): seconds for a full-weight swap (pause -> reload ->
+1. Idle, direct (lightning_otel.core.vllm_admin): seconds for a full-weight swap (pause -> reload ->
    reset prefix cache -> set version -> resume) and for loading / unloading a LoRA adapter.
 2. Under load, through the gateway: --clients threads send chat completions (max_tokens 8)
    continuously while the gateway swaps --swaps times in each mode. Reported: the gateway's own
@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from lightning_otel.servers import CollectorProcess, GatewayProcess, VLLMServer
+from lightning_otel.core.gateway_client import GatewayAdminClient
+from lightning_otel.core.servers import CollectorProcess, GatewayProcess, VLLMServer
 from lightning_otel.trainer.tiny_model import build_tiny_model
-from lightning_otel.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
 
 ADMIN = "bench-admin"
 
@@ -74,12 +75,6 @@ def idle_swaps(server: VLLMServer, base: Path, full: list[Path], adapters: list[
     return {"full_swap_s": full_s, "lora_load_s": load_s, "lora_unload_s": unload_s}
 
 
-def _admin_swap(gateway: GatewayProcess, body: dict) -> dict:
-    request = urllib.request.Request(gateway.url + "/admin/swap", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"})  # fmt: skip
-    with urllib.request.urlopen(request, timeout=600) as reply:
-        return json.loads(reply.read())
-
 
 def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters: list[Path], clients: int) -> dict:
     requests: list[tuple[float, float]] = []  # (start, end)
@@ -106,13 +101,13 @@ def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters
     windows, reports, previous = [], [], base
     for k, weights in enumerate(full):
         began = time.perf_counter()
-        reports.append(_admin_swap(gateway, {"mode": "full", "weights_path": str(weights), "version": f"f{k}", "rollback_path": str(previous)}))
+        reports.append(GatewayAdminClient(gateway.url, ADMIN).swap_full(weights, f"f{k}", previous))
         windows.append(("full", began, time.perf_counter()))
         previous = weights
         time.sleep(3)
     for k, adapter in enumerate(adapters):
         began = time.perf_counter()
-        reports.append(_admin_swap(gateway, {"mode": "lora", "adapter_path": str(adapter), "version": f"l{k}", "model": "policy"}))
+        reports.append(GatewayAdminClient(gateway.url, ADMIN).swap_lora(adapter, f"l{k}", "policy"))
         windows.append(("lora", began, time.perf_counter()))
         time.sleep(3)
     stop.set()

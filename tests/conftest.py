@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from lightning_otel.servers import CollectorProcess, VLLMServer
+from lightning_otel.core.servers import CollectorProcess, VLLMServer
 
 # bench/payloads.py builds the benchmarks' OTLP requests; some tests decode the same ones.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+# The digit-sum example's task module, for the learning test.
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+sys.path.insert(0, str(EXAMPLES / "digit_sum"))
 
 # No internet here: LiteLLM would try to fetch its price list at import, with retries and sleeps.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -82,8 +85,8 @@ class DemoRun:
 def demo_run(tmp_path_factory) -> DemoRun:
     workdir = tmp_path_factory.mktemp("demo")
     result = subprocess.run(
-        [sys.executable, "-m", "lightning_otel", "demo", "--workdir", str(workdir),
-         "--iterations", "2", "--tasks", "4", "--rollouts", "4"],
+        [sys.executable, str(EXAMPLES / "digit_sum" / "run.py"), "--workdir", str(workdir),
+         "--iterations", "2", "--tasks", "4", "--rollouts-per-task", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
     )  # fmt: skip
     run = DemoRun(workdir, result.stdout, result.returncode)

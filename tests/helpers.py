@@ -18,7 +18,7 @@ def wait_for(query_fn, predicate, timeout_s: float = 20.0, interval_s: float = 0
 def local_collector(data_dir, **overrides):
     """An in-process collector on a free HTTP port, no gRPC, converting only when flushed."""
     from lightning_otel.collector import Collector
-    from lightning_otel.servers import free_port
+    from lightning_otel.core.servers import free_port
 
     settings = dict(data_dir=str(data_dir), http_port=free_port(), grpc_port=0, flush_interval_s=3600, workers=0)
     settings.update(overrides)

@@ -11,8 +11,8 @@ import pytest
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 
-from lightning_otel.instrument import schema
-from lightning_otel.servers import free_port
+from lightning_otel.core import schema
+from lightning_otel.core.servers import free_port
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from helpers import wait_for, local_collector
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
-from lightning_otel.instrument import schema
-from lightning_otel.servers import CollectorProcess, free_port
+from lightning_otel.core import schema
+from lightning_otel.core.servers import CollectorProcess, free_port
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ def test_restarts_never_overwrite_earlier_data(tmp_path):
 def test_token_arrays_in_every_encoding_become_the_same_list_columns(collector):
     import base64
 
-    from lightning_otel.instrument.token_encoding import pack_floats, pack_ints
+    from lightning_otel.core.token_encoding import pack_floats, pack_ints
 
     ids, logprobs = [5, 0, 2**31 - 1, 7], [-0.25, -1e-9, -30.5, 0.0]
     packed_ids, packed_lps = pack_ints(ids), pack_floats(logprobs)

@@ -16,7 +16,7 @@ from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
 from lightning_otel.collector.otlp_json import decode_json
-from lightning_otel.collector.spans_table import decode_request
+from lightning_otel.collector.span_rows import decode_request
 
 
 def _valid_body() -> bytes:

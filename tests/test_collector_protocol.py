@@ -16,8 +16,8 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
-from lightning_otel.instrument import schema
-from lightning_otel.servers import free_port
+from lightning_otel.core import schema
+from lightning_otel.core.servers import free_port
 
 TRACE_ID = "5b8efff798038103d269b633813fc60c"
 SPAN_ID = "eee19b7ec3c1b174"

@@ -12,7 +12,7 @@ import pytest
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
-from lightning_otel.servers import free_port, stop_process, wait_http_ok
+from lightning_otel.core.servers import free_port, stop_process, wait_http_ok
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import duckdb
 from helpers import local_collector, wait_for
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
-from lightning_otel.servers import CollectorProcess, free_port
+from lightning_otel.core.servers import CollectorProcess, free_port
 
 HOUR_NS = 3600 * 10**9
 

@@ -21,8 +21,8 @@ import pytest
 
 from lightning_otel.collector import connect
 from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
-from lightning_otel.instrument import schema
-from lightning_otel.servers import free_port, wait_http_ok
+from lightning_otel.core import schema
+from lightning_otel.core.servers import free_port, wait_http_ok
 
 pytestmark = pytest.mark.integration
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
 
 def _processes_mentioning(text: str) -> list[int]:
     found = []
@@ -26,8 +28,8 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "lightning_otel", "demo", "--workdir", str(workdir),
-         "--iterations", str(iterations), "--tasks", "2", "--rollouts", "2"],
+        [sys.executable, str(EXAMPLES / "digit_sum" / "run.py"), "--workdir", str(workdir),
+         "--iterations", str(iterations), "--tasks", "2", "--rollouts-per-task", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and a
         # child inherits that, so Ctrl-C would never reach the demo

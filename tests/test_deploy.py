@@ -104,7 +104,7 @@ def test_gateway_and_trainer_list_exactly_the_vllm_replicas(tmp_path):
     port = vllm["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
     expected = [f"http://vllm-{i}.{vllm['spec']['serviceName']}:{port}" for i in range(vllm["spec"]["replicas"])]
     gateway = build_parser().parse_args(_cli_argv(_by_kind(docs, "Deployment")["lightning-gateway"]["spec"]["template"]["spec"]["containers"][0]))
-    assert gateway.upstream == expected
+    assert gateway.upstreams == expected
     text = _by_kind(docs, "ConfigMap")["lightning-train-config"]["data"]["train.toml"]
     (tmp_path / "train.toml").write_text(text)
     config = load_config(str(tmp_path / "train.toml"))

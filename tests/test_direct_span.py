@@ -1,4 +1,4 @@
-"""instrument/direct_span.py: the lean OpenAI span's cheap span goes through the SDK's pipeline as an SDK
+"""instrument/lightning_otel/instrumentation/direct_span.py: the lean OpenAI span's cheap span goes through the SDK's pipeline as an SDK
 span would (sampler, ids, every processor's on_start and on_end, resource, scope, limits, status,
 exception events), so exporters and the collector cannot tell them apart."""
 
@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanKind, StatusCode
 
-from lightning_otel.instrument import rollouts
-from lightning_otel.instrument.direct_span import DirectSpan, start_span
+from lightning_otel.instrumentation import rollouts
+from lightning_otel.instrumentation.direct_span import DirectSpan, start_span
 
 
 class _Starts(SpanProcessor):

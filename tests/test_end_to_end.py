@@ -101,7 +101,7 @@ def test_instrumented_agent_to_hot_swapped_weights(vllm_server, instrumented, se
     # and new calls are recorded with the new policy version. Without the gateway, instrument() learns
     # the version by polling /weight_info (every 0.2 s): a call in the first poll interval after a
     # swap can still carry the old label (docs/span-schema.md). The gateway's versions are exact.
-    from lightning_otel.instrument.vllm_endpoint import ENDPOINTS
+    from lightning_otel.core.vllm_endpoint import ENDPOINTS
 
     wait_for(lambda: ENDPOINTS.weight_version(vllm_server.base_url), lambda v: v == "1", timeout_s=10)
     rollout_id, _ = _agent_rollout(client, model, allowed_ids, "e2e-after", False, reward=0.5)

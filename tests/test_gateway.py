@@ -15,8 +15,8 @@ import pytest
 from helpers import wait_for
 from tcp_proxy import FlakyProxy
 from lightning_otel.collector import connect
-from lightning_otel.instrument.gateway import SERVICE_NAME as GATEWAY_SERVICE
-from lightning_otel.servers import GatewayProcess, free_port
+from lightning_otel.gateway.server import SERVICE_NAME as GATEWAY_SERVICE
+from lightning_otel.core.servers import GatewayProcess, free_port
 from lightning_otel.trainer import build_batch, select_rollouts
 
 

@@ -27,11 +27,11 @@ import yaml
 from lightning_otel.cli import main as cli_main
 from lightning_otel.collector import connect
 from lightning_otel.collector.query import view_statements
-from lightning_otel.collector.spans_table import SPANS_SCHEMA
+from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.dashboards.grafana import DATASOURCE_UID, PLUGIN_ID, PROVISIONING_DIR, build
 from lightning_otel.dashboards.grafana_views import ViewsFileError, write_views_file
-from lightning_otel.instrument import schema
+from lightning_otel.core import schema
 
 REPO = Path(__file__).resolve().parents[1]
 PANELS = [panel for name in build.DASHBOARDS for panel in build.load_panels(name)]
@@ -125,7 +125,7 @@ def test_panel_files_declare_and_use_only_what_the_plugin_supports():
             assert p.columns[0] == "time" and "$__interval_ms" in p.sql, p.path
         # attribute names come from the schema module, never spelled anew
         for key in re.findall(r"attributes\['([^']+)'\]", p.sql):
-            assert key in vars(schema).values(), f"{p.path}: '{key}' is not a name in instrument/schema.py"
+            assert key in vars(schema).values(), f"{p.path}: '{key}' is not a name in core/lightning_otel/core/schema.py"
 
 
 @pytest.mark.parametrize("sql_panel", PANELS, ids=lambda p: f"{p.dashboard}/{p.path.stem}")

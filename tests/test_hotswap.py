@@ -16,10 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from helpers import wait_for
 from lightning_otel.collector import connect
-from lightning_otel.instrument import schema
-from lightning_otel.servers import GatewayProcess
+from lightning_otel.core import schema
+from lightning_otel.core.gateway_client import GatewayAdminClient
+from lightning_otel.core.servers import GatewayProcess
 from lightning_otel.trainer.hotswap import model_prompt_logprobs
-from lightning_otel.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
 
 ADMIN = "swap-admin"
 
@@ -43,12 +44,6 @@ def _adapter(model, out_dir, seed):
     merged = peft_model.merge_and_unload()  # the reference for this version
     return merged
 
-
-def _admin_swap(gateway, body):
-    request = urllib.request.Request(gateway.url + "/admin/swap", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {ADMIN}"})  # fmt: skip
-    with urllib.request.urlopen(request, timeout=300) as reply:
-        return json.loads(reply.read())
 
 
 def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, session_collector, tiny_model_dir, tmp_path):
@@ -82,7 +77,7 @@ def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, sessi
             time.sleep(0.4)
             weights = tmp_path / f"full-{k}"
             references[f"f{k}"] = _noisy_weights(tiny_model_dir, weights, seed=k)
-            result = _admin_swap(gateway, {"mode": "full", "weights_path": str(weights), "version": f"f{k}", "rollback_path": str(previous)})
+            result = GatewayAdminClient(gateway.url, ADMIN).swap_full(weights, f"f{k}", previous)
             assert result["version"] == f"f{k}"
             previous = weights
         for k in range(1, 6):  # 5 LoRA swaps, on top of the last full weights
@@ -90,7 +85,7 @@ def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, sessi
             adapter = tmp_path / f"lora-{k}"
             base = AutoModelForCausalLM.from_pretrained(previous, dtype=torch.float32)
             references[f"l{k}"] = _adapter(base, adapter, seed=100 + k)
-            _admin_swap(gateway, {"mode": "lora", "adapter_path": str(adapter), "version": f"l{k}", "model": "policy"})
+            GatewayAdminClient(gateway.url, ADMIN).swap_lora(adapter, f"l{k}", "policy")
         time.sleep(0.4)
         stop.set()
         for thread in threads:
@@ -117,7 +112,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
     """Two vLLM replicas behind one gateway, clients sending all along, three coordinated swaps: each
     replica swaps in turn, and every request that arrives while one is closed is served by the other
     (its span's server.port says which), never queued behind the swap. Nothing fails."""
-    from lightning_otel.servers import VLLMServer
+    from lightning_otel.core.servers import VLLMServer
 
     hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
     with VLLMServer(tiny_model_dir, log_path=tmp_path / "second-vllm.log") as second:
@@ -147,8 +142,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
                 time.sleep(0.5)
                 weights = tmp_path / f"two-{k}"
                 _noisy_weights(tiny_model_dir, weights, seed=200 + k)
-                report = _admin_swap(gateway, {"mode": "full", "weights_path": str(weights), "version": f"t{k}",
-                                               "rollback_path": str(previous)})  # fmt: skip
+                report = GatewayAdminClient(gateway.url, ADMIN).swap_full(weights, f"t{k}", previous)
                 assert [r["url"] for r in report["replicas"]] == [vllm_server.url, second.url]  # one at a time
                 windows += [(r["url"], r["closed_ns"], r["opened_ns"]) for r in report["replicas"]]
                 previous = weights

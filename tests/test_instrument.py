@@ -15,8 +15,8 @@ from opentelemetry import trace
 import lightning_otel
 from helpers import wait_for
 from lightning_otel.collector import connect
-from lightning_otel.instrument import schema
-from lightning_otel.servers import free_port
+from lightning_otel.core import schema
+from lightning_otel.core.servers import free_port
 
 
 def _rows(collector, sql, expected_count, *params):
@@ -49,7 +49,7 @@ def test_instrument_twice_adds_nothing(instrumented, session_collector):
 
 
 def test_missing_libraries_are_skipped_quietly():
-    from lightning_otel.instrument.integrations._installed import installed
+    from lightning_otel.instrumentation.integrations._installed import installed
 
     assert installed("json") and not installed("no_such_library_here")
     assert not installed("json", "no_such_library_here.sub")
@@ -174,7 +174,7 @@ def test_a_dead_collector_never_blocks_the_agent_and_losses_are_counted():
     """Collector down, tiny queue: spans are dropped and counted, the agent runs on and exits."""
     code = (
         "import json, lightning_otel\n"
-        "from lightning_otel.servers import free_port\n"
+        "from lightning_otel.core.servers import free_port\n"
         "inst = lightning_otel.instrument(endpoint=f'http://127.0.0.1:{free_port()}/v1/traces')\n"
         "for i in range(2000):\n"
         "    with lightning_otel.rollout(task_id='t'):\n"
@@ -194,7 +194,7 @@ def test_a_dead_collector_never_blocks_the_agent_and_losses_are_counted():
 
 def test_redaction_hides_text_but_keeps_what_training_needs(tmp_path):
     """In a fresh process: instrument(hide_inputs, hide_outputs) masks tool I/O (OpenInference masks LLM text)."""
-    from lightning_otel.servers import CollectorProcess
+    from lightning_otel.core.servers import CollectorProcess
 
     with CollectorProcess(tmp_path / "data", flush_interval_s=0.2) as collector:
         code = (

@@ -10,7 +10,7 @@ import random
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from lightning_otel import digit_sum
+import digit_sum  # examples/digit_sum (conftest puts it on the path)
 from lightning_otel.trainer.tiny_model import build_tiny_model
 from lightning_otel.trainer.update import UpdateConfig
 

@@ -14,11 +14,11 @@ import pytest
 
 from helpers import wait_for
 from lightning_otel.collector import connect
-from lightning_otel.instrument import schema
+from lightning_otel.core import schema
 
 AGENT = r"""
 import asyncio, gc, json, sys, urllib.request, openai, lightning_otel
-from lightning_otel.instrument.integrations import _openai_lean
+from lightning_otel.instrumentation.integrations import openai_lean
 endpoint, base_url, model, hide = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "hide"
 inst = lightning_otel.instrument(endpoint=endpoint, service_name="lean-test", hide_inputs=hide, hide_outputs=hide)
 client, aclient = openai.OpenAI(base_url=base_url, api_key="x"), openai.AsyncOpenAI(base_url=base_url, api_key="x")
@@ -28,12 +28,12 @@ ASK = dict(logprobs=True, extra_body={"return_token_ids": True})  # the caller a
 GREEDY = dict(model=model, messages=messages, max_tokens=5, temperature=0)
 unasked = []  # responses to calls that did not ask for token fields: what the caller got
 scanned = []  # lean calls whose response body the compiled scanner read
-take_body = _openai_lean._LeanCall.take_body
+take_body = openai_lean._LeanCall.take_body
 def counting_take_body(self, content):
     data = take_body(self, content)
     scanned.append(data is not None)
     return data
-_openai_lean._LeanCall.take_body = counting_take_body
+openai_lean._LeanCall.take_body = counting_take_body
 
 def token_fields(reply, choice):  # what a reply says of token ids and logprobs ("absent": no such key)
     get = lambda fields, key: fields.get(key, "absent") if isinstance(fields, dict) else getattr(fields, key, "absent")
@@ -189,7 +189,7 @@ class _BrokenStream:
 
 
 def test_a_recording_failure_never_reaches_the_caller():
-    from lightning_otel.instrument.integrations.openai_sdk import _watch
+    from lightning_otel.instrumentation.integrations.openai_capture import watch as _watch
 
     def broken(*_args):  # noqa: ANN002
         raise RuntimeError("recording bug")

@@ -1,4 +1,4 @@
-"""The lean OpenAI span's attributes (instrument/openinference_attributes.py): OpenInference's names
+"""The lean OpenAI span's attributes (instrument/lightning_otel/instrumentation/openinference_attributes.py): OpenInference's names
 and layout, from dict bodies and SDK objects alike, and redaction."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from openai.types.chat import ChatCompletion
 from openai.types.completion import Completion
 
-from lightning_otel.instrument import schema
-from lightning_otel.instrument.openinference_attributes import request_attributes, response_attributes, stream_text
+from lightning_otel.core import schema
+from lightning_otel.instrumentation.openinference_attributes import request_attributes, response_attributes, stream_text
 
 
 def _input(i: int, field: str) -> str:

@@ -1,4 +1,4 @@
-"""instrument/otlp_encoding.py writes the bytes the OTLP exporter's own encoder (`encode_spans`)
+"""instrument/lightning_otel/instrumentation/otlp_encoding.py writes the bytes the OTLP exporter's own encoder (`encode_spans`)
 serializes, for spans made by the real SDK (generated), for values only a hand-made ReadableSpan
 holds, and for attributes neither can encode; `instrument()`'s exporter sends them, and falls back to
 the SDK's encoder when ours fails."""
@@ -20,8 +20,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState, set_span_in_context
 
-from lightning_otel.instrument import configure, otlp_encoding
-from lightning_otel.instrument.otlp_encoding import encode_request
+from lightning_otel.instrumentation import configure, otlp_encoding
+from lightning_otel.instrumentation.otlp_encoding import encode_request
 
 INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
 SCALARS = st.one_of(st.text(max_size=30), st.booleans(), INT64, st.floats(allow_nan=False), st.binary(max_size=40))

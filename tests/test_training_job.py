@@ -18,9 +18,9 @@ import pytest
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 from lightning_otel.collector import connect
-from lightning_otel.servers import free_port
-from lightning_otel.instrument import schema
-from lightning_otel.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.core.servers import free_port
+from lightning_otel.core import schema
+from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
 
 
 @pytest.fixture

@@ -115,7 +115,7 @@ def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path
     import sys
     from pathlib import Path
 
-    from lightning_otel.servers import free_port
+    from lightning_otel.core.servers import free_port
 
     here = Path(__file__).parent
     out = tmp_path / "params.pt"

@@ -1,4 +1,4 @@
-"""The compiled response scanner (instrument/_vllm_tokens.c) against the Python path it shortcuts:
+"""The compiled response scanner (instrument/lightning_otel/instrumentation/integrations/_vllm_tokens.c) against the Python path it shortcuts:
 for any body, `take_body` (cut token fields from the raw bytes, then json.loads the rest) either
 declines (None) or gives exactly what json.loads + `take` give: the same JSON for the SDK (unasked
 token fields set to null) and the same packed token attributes, bit for bit. It must answer for the
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lightning_otel.instrument import schema
-from lightning_otel.instrument.integrations import _openai_lean
-from lightning_otel.instrument.integrations._openai_lean import _LeanCall
-from lightning_otel.instrument.vllm_endpoint import CHAT, COMPLETIONS
+from lightning_otel.core import schema
+from lightning_otel.instrumentation.integrations import openai_lean
+from lightning_otel.instrumentation.integrations.openai_lean import _LeanCall
+from lightning_otel.core.vllm_endpoint import CHAT, COMPLETIONS
 
-cut = _openai_lean._vllm_tokens.cut if _openai_lean._vllm_tokens is not None else None
+cut = openai_lean._vllm_tokens.cut if openai_lean._vllm_tokens is not None else None
 
 
 def test_the_compiled_scanner_is_built():

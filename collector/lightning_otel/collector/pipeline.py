@@ -1,0 +1,245 @@
+"""Background work between the write-ahead log and queryable Parquet.
+
+- Conversion: closed WAL segments -> Parquet, in worker processes (spawned, so the receiver's
+  threads and the GIL are not shared), each deleting its segment only after the files are durable.
+- Compaction: many small files in a partition -> one file (deduplicated by trace and span id).
+  The inputs are deleted only after a grace period, so a query that listed them a moment ago still
+  finds them; meanwhile the `spans` view's deduplication hides the overlap.
+- Retention: hour partitions older than the retention window are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import secrets
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from lightning_otel.collector.span_decoder import batch_from_body
+from lightning_otel.collector.span_rows import SPANS_SCHEMA
+from lightning_otel.collector.store import Store
+from lightning_otel.collector.wal import WriteAheadLog, read_segment
+
+log = logging.getLogger(__name__)
+IDLE_ROTATE_BYTES = 1024 * 1024
+IDLE_ROTATE_S = 0.05
+
+
+def convert_segment(store_uri: str, wal_path: str, segment: str, verify: bool = True) -> int:
+    """WAL segment -> Parquet files, then delete the segment. Runs in a worker process."""
+    store = Store(store_uri)
+    batches = [batch_from_body(body) for body in read_segment(Path(wal_path), verify)]
+    rows = sum(b.num_rows for b in batches)
+    if rows:
+        store.write_segment(segment, pa.Table.from_batches(batches, SPANS_SCHEMA))
+    os.unlink(wal_path)
+    return rows
+
+
+def _warm_up(seconds: float) -> None:
+    """Runs in each new worker: the imports above are done; hold the worker so the pool spawns all."""
+    time.sleep(seconds)
+
+
+def dedupe(table: pa.Table) -> pa.Table:
+    """Keep the first row of each (trace_id, span_id)."""
+    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "")
+    indexed = pa.table({"key": keys, "row": pa.array(range(table.num_rows), pa.int64())})
+    first = indexed.group_by("key", use_threads=False).aggregate([("row", "min")]).column("row_min")
+    return table.take(pc.sort_indices(first))
+
+
+def compact_files(store_uri: str, paths: list[str], target_dir: str) -> str:
+    """Merge `paths` into one deduplicated file in target_dir; returns its path. Worker process."""
+    store = Store(store_uri)
+    tables = [pq.read_table(p, filesystem=store.fs, schema=SPANS_SCHEMA) for p in paths]
+    merged = dedupe(pa.concat_tables(tables))
+    out = f"{target_dir}/compact-{secrets.token_hex(8)}.parquet"
+    store.write(merged, out)
+    return out
+
+
+class _InlineExecutor(Executor):
+    """Runs work in the calling thread (workers=0): for tests and tiny deployments."""
+
+    def submit(self, fn, *args, **kwargs) -> Future:  # noqa: ANN001
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+            future.set_exception(exc)
+        return future
+
+
+class Pipeline:
+    """Drives conversion, compaction and retention from one background thread."""
+
+    def __init__(
+        self,
+        store: Store,
+        wal: WriteAheadLog,
+        flush_interval_s: float = 1.0,
+        workers: int = 1,
+        compact_min_files: int = 8,
+        compact_interval_s: float = 30.0,
+        compact_grace_s: float = 600.0,
+        retention_hours: float | None = None,
+    ) -> None:
+        self.store, self.wal = store, wal
+        self.flush_interval_s = flush_interval_s
+        self.compact_min_files = compact_min_files
+        self.compact_interval_s = compact_interval_s
+        self.compact_grace_s = compact_grace_s
+        self.retention_hours = retention_hours
+        self.executor: Executor = (
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 0 else _InlineExecutor()
+        )
+        # Segments from an earlier run may end in a torn record: only their CRCs are checked.
+        self._inherited = set(wal.segments())
+        self._inflight: dict[str, Future] = {}
+        self._doomed: list[tuple[float, list[str]]] = []  # (delete after, paths)
+        self._last_maintenance = time.monotonic()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="lightning-otel-pipeline", daemon=True)
+        self.spans_written = 0
+
+    # -- conversion ------------------------------------------------------------------------------
+    def _submit_closed(self) -> None:
+        for segment in self.wal.closed_segments():
+            if segment not in self._inflight:
+                path = str(self.wal.path(segment))
+                verify = segment in self._inherited
+                self._inflight[segment] = self.executor.submit(convert_segment, self.store.uri, path, segment, verify)
+
+    def _collect(self, wait: bool) -> None:
+        for segment, future in list(self._inflight.items()):
+            if not wait and not future.done():
+                continue
+            try:
+                self.spans_written += future.result()
+            except Exception:  # noqa: BLE001 - keep the segment; it is retried next round
+                log.exception("could not convert WAL segment %s; keeping it for a retry", segment)
+            del self._inflight[segment]
+
+    def flush(self) -> None:
+        """Everything acknowledged so far becomes queryable before this returns."""
+        with self._lock:
+            self.wal.rotate()
+            self._submit_closed()
+            self._collect(wait=True)
+
+    # -- maintenance -------------------------------------------------------------------------------
+    def compact(self, now: float | None = None) -> int:
+        """Compact partitions with enough small files; returns the number of new files."""
+        by_dir: dict[str, list[pafs.FileInfo]] = defaultdict(list)
+        for info in self.store.files():
+            by_dir[info.path.rsplit("/", 1)[0]].append(info)
+        current_hour = datetime.now(timezone.utc).strftime("date=%Y-%m-%d/hour=%H")
+        doomed = {p for _, paths in self._doomed for p in paths}
+        jobs = []
+        for directory, infos in by_dir.items():
+            live = [i for i in infos if i.path not in doomed]
+            closed = not directory.endswith(current_hour)
+            # Live partitions: merge new part files only. Closed ones: everything into one file.
+            inputs = live if closed else [i for i in live if i.base_name.startswith("part-")]
+            if len(inputs) >= (2 if closed else self.compact_min_files):
+                paths = sorted(i.path for i in inputs)
+                jobs.append((paths, self.executor.submit(compact_files, self.store.uri, paths, directory)))
+        made = 0
+        for paths, future in jobs:
+            try:
+                future.result()
+                self._doomed.append(((now or time.monotonic()) + self.compact_grace_s, paths))
+                made += 1
+            except Exception:  # noqa: BLE001 - inputs stay; the next round tries again
+                log.exception("compaction of %d files failed", len(paths))
+        return made
+
+    def delete_doomed(self, now: float | None = None) -> None:
+        now = now or time.monotonic()
+        due = [paths for when, paths in self._doomed if when <= now]
+        self._doomed = [(when, paths) for when, paths in self._doomed if when > now]
+        for paths in due:
+            for path in paths:
+                try:
+                    self.store.fs.delete_file(path)
+                except FileNotFoundError:
+                    pass
+
+    def apply_retention(self) -> int:
+        """Delete hour partitions that ended before now - retention; returns how many."""
+        if self.retention_hours is None:
+            return 0
+        cutoff = datetime.now(timezone.utc) - timedelta(hours=self.retention_hours)
+        removed = 0
+        selector = pafs.FileSelector(self.store.spans_root, recursive=True, allow_not_found=True)
+        for info in self.store.fs.get_file_info(selector):
+            if info.type != pafs.FileType.Directory or not info.base_name.startswith("hour="):
+                continue
+            date = info.path.rsplit("/", 2)[-2]
+            try:
+                start = datetime.strptime(f"{date[5:]} {info.base_name[5:]}", "%Y-%m-%d %H").replace(tzinfo=timezone.utc)
+            except ValueError:
+                continue
+            if start + timedelta(hours=1) <= cutoff:
+                self.store.fs.delete_dir(info.path)
+                removed += 1
+        return removed
+
+    def maintain(self) -> None:
+        with self._lock:
+            self.compact()
+            self.delete_doomed()
+            self.apply_retention()
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def _run(self) -> None:
+        # Segments closed by size are handed to a worker within ~0.05 s; the active segment is
+        # closed by time every flush_interval_s, which bounds how stale queries can be, or as soon
+        # as exports pause once it holds IDLE_ROTATE_BYTES: the end of a burst is queryable at
+        # once, while a trickle of small exports still shares one segment (and file) per interval.
+        last_rotation = time.monotonic()
+        while not self._stop.wait(min(0.05, self.flush_interval_s)):
+            try:
+                with self._lock:
+                    active = self.wal.active_idle()
+                    idle = active is not None and active[0] >= IDLE_ROTATE_BYTES and active[1] >= IDLE_ROTATE_S
+                    if idle or time.monotonic() - last_rotation >= self.flush_interval_s:
+                        self.wal.rotate()
+                        last_rotation = time.monotonic()
+                    self._submit_closed()
+                    self._collect(wait=False)
+                if time.monotonic() - self._last_maintenance >= self.compact_interval_s:
+                    self._last_maintenance = time.monotonic()
+                    self.maintain()
+            except Exception:  # noqa: BLE001 - the pipeline thread must outlive any one failure
+                log.exception("pipeline round failed")
+
+    def start(self) -> "Pipeline":
+        if isinstance(self.executor, ProcessPoolExecutor):
+            # Workers spawn lazily and take seconds to import pyarrow: start them all now, not
+            # when the first burst of exports is already waiting.
+            for _ in range(self.executor._max_workers):
+                self.executor.submit(_warm_up, 0.5)
+        self.flush()  # replay what a previous run left in the log
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.flush()
+        self.executor.shutdown(wait=True)

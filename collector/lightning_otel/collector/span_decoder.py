@@ -1,0 +1,79 @@
+"""OTLP request bytes -> the spans table, through the compiled decoder when it is built.
+
+`collector/lightning_otel/collector/_spans_codec.c` walks the protobuf wire format once and copies packed token arrays
+straight into Arrow buffers; span_rows.py's pure-Python path (upb message objects, a Python
+loop per attribute) stays the reference. The C decoder gives back to that path any request it
+does not handle exactly (see the C file), and formats the rare values (arrays, key-value lists,
+events, plain or base64 token arrays) through the reference's own functions, passed in below,
+so both paths give equal rows (tests/test_spans_codec.py). Set LIGHTNING_OTEL_PURE_PYTHON=1 to
+turn the decoder off; without a C compiler at install time it is simply absent.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pyarrow as pa
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from lightning_otel.collector import span_rows
+from lightning_otel.collector.span_rows import LISTS, SCALARS, SLOTS, SPAN_KINDS, STATUS_CODES
+from lightning_otel.core import schema
+
+try:
+    from lightning_otel.collector import _spans_codec
+except ImportError:  # built without a compiler, or a platform without the extension
+    _spans_codec = None
+
+# slot codes the C decoder understands: index * 8 + kind
+_KIND_CODES = {str: 0, int: 1, float: 2, bool: 3}
+_SLOT_CODES = {
+    key: index * 8 + ((5 if kind else 4) if is_list else _KIND_CODES[kind]) for key, (is_list, index, kind) in SLOTS.items()
+}
+_WIDTHS = tuple(dtype.bit_width // 8 for _, dtype, _, _, _ in LISTS)
+_KINDS = tuple(SPAN_KINDS[i] for i in range(len(SPAN_KINDS)))
+_STATUSES = tuple(STATUS_CODES[i] for i in range(len(STATUS_CODES)))
+
+
+def available() -> bool:
+    """Whether requests go through the compiled decoder (built, little-endian, not turned off)."""
+    return _spans_codec is not None and sys.byteorder == "little" and os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") != "1"
+
+
+def _text_of(raw: bytes) -> str:
+    return span_rows.as_text(span_rows.any_value(AnyValue.FromString(raw)))
+
+
+def _list_value(raw: bytes, index: int, packed: int) -> bytes | None:
+    value = AnyValue.FromString(raw)
+    plain = span_rows.plain_value(value, value.WhichOneof("value"))
+    return span_rows.array_bytes(plain, LISTS[index][2], bool(packed))
+
+
+def _events_json(raws: list[bytes]) -> str:
+    return span_rows.events_json([Span.Event.FromString(raw) for raw in raws])
+
+
+def _fast_batch(body: bytes | memoryview) -> pa.RecordBatch:
+    rows, fixed, scalars, lists, attributes, resource = _spans_codec.decode(
+        body, _SLOT_CODES, len(SCALARS), _WIDTHS, _KINDS, _STATUSES, schema.SERVICE_NAME,
+        _text_of, _list_value, _events_json,
+    )  # fmt: skip
+    arrays = []
+    for (_, dtype, _, _, _), width, (data, offsets, validity, nulls) in zip(LISTS, _WIDTHS, lists):
+        values = pa.Array.from_buffers(dtype, len(data) // width, [None, pa.py_buffer(data)])
+        arrays.append(pa.Array.from_buffers(pa.list_(dtype), rows, [pa.py_buffer(validity) if nulls else None, pa.py_buffer(offsets)],
+                                            null_count=nulls, children=[values]))  # fmt: skip
+    return span_rows.assemble(list(fixed), list(scalars), arrays, attributes, resource)
+
+
+def batch_from_body(body: bytes | memoryview) -> pa.RecordBatch:
+    """One export request's spans as a record batch; ValueError when it is not OTLP protobuf."""
+    if available():
+        try:
+            return _fast_batch(body)
+        except _spans_codec.Fallback:
+            pass  # an unusual request: the reference path below decides
+    return span_rows.to_batch([span_rows.decode_request(body)])

@@ -1,0 +1,139 @@
+"""The Parquet trace store, on a local directory or object storage (s3://bucket/prefix).
+
+Layout (Hive partitioning, readable as is by DuckDB, Spark, Trino, ClickHouse):
+    ROOT/spans/_schema.parquet                                  zero rows, the full schema
+    ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet
+    ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/compact-<id>.parquet
+
+A WAL segment's files are named after it, so converting the same segment twice (a crash between
+writing Parquet and deleting the segment) rewrites the same files instead of adding rows.
+Locally, files are written under a temporary name that does not end in .parquet and renamed into
+place, so a reader's glob never sees half a file; object stores make a PUT visible only whole.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from collections import defaultdict
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from lightning_otel.collector.span_rows import SPANS_SCHEMA
+from lightning_otel.collector.wal import fsync_path
+
+SPANS_DIR = "spans"
+SCHEMA_FILE = "_schema.parquet"
+_HOUR_US = 3_600 * 1_000_000
+# Parquet settings chosen by bench/collector_ingest.py (BENCHMARKS.md): dictionaries only where
+# values repeat, statistics only where queries filter, zstd for text, none for token/logprob
+# arrays (near-incompressible; compressing them halved throughput for little space).
+_DICTIONARY_COLUMNS = [
+    "name", "kind", "status_code", "service_name", "scope_name", "span_kind", "model_name", "tool_name",
+    "task_id", "reward_name", "policy_version", "finish_reason", "attributes.key_value.key",
+    "resource_attributes.key_value.key", "resource_attributes.key_value.value",
+]  # fmt: skip
+_STATISTICS_COLUMNS = ["trace_id", "span_id", "start_time", "end_time", "service_name", "span_kind", "rollout_id", "task_id", "policy_version"]
+_UNCOMPRESSED = {"prompt_token_ids.list.element", "completion_token_ids.list.element", "completion_logprobs.list.element"}
+
+
+def _leaf_columns() -> list[str]:
+    sink = pa.BufferOutputStream()
+    pq.write_table(SPANS_SCHEMA.empty_table(), sink)
+    parquet_schema = pq.ParquetFile(pa.BufferReader(sink.getvalue())).schema
+    return [parquet_schema.column(i).path for i in range(len(parquet_schema))]
+
+
+_LEAVES = _leaf_columns()
+
+
+def _write_options(codec: str, **extra) -> dict:
+    """Parquet settings with `codec` for every column but the token/logprob arrays."""
+    return dict(use_dictionary=_DICTIONARY_COLUMNS, write_statistics=_STATISTICS_COLUMNS,
+                compression={c: ("none" if c in _UNCOMPRESSED else codec) for c in _LEAVES}, **extra)  # fmt: skip
+
+
+# Compacted files (where data lives for good): zstd, about half the size of snappy here.
+WRITE_OPTIONS = _write_options("zstd", compression_level={c: 1 for c in _LEAVES if c not in _UNCOMPRESSED})
+# Files written straight from the write-ahead log are on the ingest path and are compacted soon:
+# snappy encodes the text columns in ~60% of zstd-1's time (8.4 vs 13.8 us per observability span).
+LIVE_WRITE_OPTIONS = _write_options("snappy")
+
+
+class Store:
+    """Where the Parquet files live: a local directory or an object-store URI (pyarrow.fs)."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.uri = str(root)
+        self.is_local = "://" not in self.uri
+        if self.is_local:
+            self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+            self.root = os.path.abspath(self.uri)
+        else:
+            self.fs, self.root = pafs.FileSystem.from_uri(self.uri)
+        self.spans_root = f"{self.root.rstrip('/')}/{SPANS_DIR}"
+
+    def glob(self) -> str:
+        """The pattern readers give to read_parquet."""
+        prefix = self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
+        return f"{prefix}/**/*.parquet"
+
+    def write(self, table: pa.Table, path: str, options: dict | None = None) -> None:
+        options = options or WRITE_OPTIONS
+        if self.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
+            pq.write_table(table, tmp, **options)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            fsync_path(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
+        else:
+            pq.write_table(table, path, filesystem=self.fs, **options)
+
+    def ensure_schema_file(self) -> None:
+        path = f"{self.spans_root}/{SCHEMA_FILE}"
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            self.write(SPANS_SCHEMA.empty_table(), path)
+
+    def partition_dir(self, service: str | None, hour: int) -> str:
+        when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
+        service_part = urllib.parse.quote(service or "unknown", safe="")
+        return f"{self.spans_root}/service={service_part}/date={when:%Y-%m-%d}/hour={when:%H}"
+
+    def files(self) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
+        return [
+            info for info in self.fs.get_file_info(selector)
+            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
+        ]  # fmt: skip
+
+    def has_data(self) -> bool:
+        return self.fs.get_file_info(f"{self.spans_root}/{SCHEMA_FILE}").type == pafs.FileType.File or bool(self.files())
+
+    def write_segment(self, segment: str, table: pa.Table) -> list[str]:
+        """Write one converted WAL segment, split by service and hour of span start."""
+        if len(table) == 0:
+            return []
+        hours_array = pc.divide(table.column("start_time").cast(pa.int64()).fill_null(0), _HOUR_US)
+        services_array = table.column("service_name")
+        hour_range = pc.min_max(hours_array)
+        groups: dict[tuple, list[int] | None]
+        if hour_range["min"] == hour_range["max"] and pc.count_distinct(services_array, mode="all").as_py() == 1:
+            # The usual segment: one service, one hour. No per-row Python to find that out.
+            groups = {(services_array[0].as_py(), hour_range["min"].as_py()): None}
+        else:
+            groups = defaultdict(list)
+            for row, key in enumerate(zip(services_array.to_pylist(), hours_array.to_pylist())):
+                groups[key].append(row)
+        written = []
+        for (service, hour), rows in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
+            path = f"{self.partition_dir(service, hour)}/part-{segment}.parquet"
+            self.write(table if rows is None else table.take(pa.array(rows)), path, LIVE_WRITE_OPTIONS)
+            written.append(path)
+        return written

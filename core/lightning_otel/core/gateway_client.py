@@ -1,0 +1,47 @@
+"""The gateway's admin routes from the caller's side (the trainer, tests, benchmarks): a weight swap
+the gateway coordinates so that no request fails and every response's version is exact. Standard
+library only. The routes themselves: lightning_otel.gateway.admin."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from lightning_otel.core.vllm_admin import SwapError
+
+
+class GatewayAdminClient:
+    def __init__(self, url: str, token: str | None, timeout_s: float = 900.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s  # a full swap waits for requests in flight, then reloads every replica
+        self.headers = {"Content-Type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+
+    def swap_full(self, weights_dir: str | Path, version: str, rollback_dir: str | Path) -> dict[str, Any]:
+        """Every replica, one at a time, to `weights_dir` (rolled back to `rollback_dir` if one fails to load)."""
+        body = {"mode": "full", "weights_path": str(weights_dir), "version": version, "rollback_path": str(rollback_dir)}
+        return self._request("POST", "/admin/swap", body)
+
+    def swap_lora(self, adapter_dir: str | Path, version: str, model: str) -> dict[str, Any]:
+        """Load the adapter as `<model>@<version>` on every replica and point `model` at it."""
+        body = {"mode": "lora", "adapter_path": str(adapter_dir), "version": version, "model": model}
+        return self._request("POST", "/admin/swap", body)
+
+    def state(self) -> dict[str, Any]:
+        return self._request("GET", "/admin/state", None)
+
+    def _request(self, method: str, path: str, body: dict | None) -> dict[str, Any]:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310 - the operator's gateway
+                return json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:500].decode(errors="replace")
+            raise SwapError(f"gateway {method} {path}: HTTP {exc.code}: {detail}") from None
+        except OSError as exc:
+            raise SwapError(f"gateway {method} {path} failed: {exc}") from None

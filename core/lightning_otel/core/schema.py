@@ -1,0 +1,182 @@
+"""The span schema: every attribute name lightning-otel writes or reads, in one place.
+
+Everyone imports names from here (instrument, collector, trainer, dashboards, tests); no module
+spells an attribute name as a string of its own. `docs/span-schema.md` documents each name and
+who reads it; `tests/test_schema.py` checks that the two agree.
+
+Two namespaces:
+- OpenInference (`openinference.*`, `llm.*`, `tool.*`, ...): what the OpenInference
+  instrumentors already write, so Phoenix, Arize and friends read our traces as theirs.
+- `lightning.*`: what training needs and OpenInference lacks (rollout identity, rewards,
+  policy version, token ids, logprobs).
+
+This module is imported by the agent side, so it stays dependency-free.
+"""
+
+from __future__ import annotations
+
+# --- OpenInference (values pinned against openinference-semantic-conventions in tests) -------
+OPENINFERENCE_SPAN_KIND = "openinference.span.kind"
+LLM_MODEL_NAME = "llm.model_name"
+LLM_PROVIDER = "llm.provider"
+LLM_SYSTEM = "llm.system"
+LLM_INVOCATION_PARAMETERS = "llm.invocation_parameters"
+LLM_TOKEN_COUNT_PROMPT = "llm.token_count.prompt"
+LLM_TOKEN_COUNT_COMPLETION = "llm.token_count.completion"
+LLM_TOKEN_COUNT_TOTAL = "llm.token_count.total"
+TOOL_NAME = "tool.name"
+TOOL_PARAMETERS = "tool.parameters"
+INPUT_VALUE = "input.value"
+INPUT_MIME_TYPE = "input.mime_type"
+OUTPUT_VALUE = "output.value"
+OUTPUT_MIME_TYPE = "output.mime_type"
+SESSION_ID = "session.id"
+AGENT_NAME = "agent.name"
+# Messages, flattened: f"{LLM_INPUT_MESSAGES}.{i}.{MESSAGE_ROLE}" = "user" (message_attribute below).
+LLM_INPUT_MESSAGES = "llm.input_messages"
+LLM_OUTPUT_MESSAGES = "llm.output_messages"
+MESSAGE_ROLE = "message.role"
+MESSAGE_CONTENT = "message.content"
+MESSAGE_NAME = "message.name"
+MESSAGE_TOOL_CALL_ID = "message.tool_call_id"
+MESSAGE_TOOL_CALLS = "message.tool_calls"  # .{j}.tool_call.id / .function.name / .function.arguments
+TOOL_CALL_ID = "tool_call.id"
+TOOL_CALL_FUNCTION_NAME = "tool_call.function.name"
+TOOL_CALL_FUNCTION_ARGUMENTS = "tool_call.function.arguments"
+MESSAGE_CONTENTS = "message.contents"  # .{j}.message_content.type / .text (content given as parts)
+MESSAGE_CONTENT_TYPE = "message_content.type"
+MESSAGE_CONTENT_TEXT = "message_content.text"
+
+REDACTED = "__REDACTED__"  # OpenInference's mask for hidden text
+
+
+def message_attribute(messages: str, index: int, field: str) -> str:
+    """The flattened name of one message field: ("llm.input_messages", 0, MESSAGE_ROLE) ->
+    "llm.input_messages.0.message.role"."""
+    return f"{messages}.{index}.{field}"
+
+
+# OpenInference span kinds we use.
+KIND_LLM = "LLM"
+KIND_TOOL = "TOOL"
+KIND_AGENT = "AGENT"
+KIND_CHAIN = "CHAIN"
+KIND_EVALUATOR = "EVALUATOR"  # a reward is an evaluation of the rollout
+
+# OpenTelemetry resource attribute.
+SERVICE_NAME = "service.name"
+# OpenTelemetry semantic conventions: the server that answered (the gateway's replica).
+SERVER_ADDRESS = "server.address"
+SERVER_PORT = "server.port"
+
+# --- lightning.* : rollout identity (set on the rollout span and copied onto every span
+# started inside it, so SQL can group any span by rollout without walking the tree) --------
+ROLLOUT_ID = "lightning.rollout.id"
+TASK_ID = "lightning.task.id"  # the GRPO group key
+ATTEMPT = "lightning.rollout.attempt"
+ROLLOUT_ROOT = "lightning.rollout.root"  # bool, true only on the rollout's own span
+
+# --- rewards: one EVALUATOR span per reward report --------------------------------------
+REWARD_NAME = "lightning.reward.name"
+REWARD_VALUE = "lightning.reward.value"
+DEFAULT_REWARD_NAME = "reward"
+
+# --- policy / weights --------------------------------------------------------------------
+POLICY_VERSION = "lightning.policy.version"  # vLLM weight version that served the call
+
+# --- what training needs from each LLM call (choice 0) ------------------------------------
+# Each comes in two encodings; the collector decodes both into the same list columns:
+# - plain OTLP arrays (int[] / double[]): what any OpenTelemetry SDK can send;
+# - packed: little-endian int32 / float64 as a bytes value, or that byte string in base64 for
+#   SDKs without bytes attributes (core/lightning_otel/core/token_encoding.py). instrument() sends packed,
+#   because the collector turns it into a list column without per-token Python work.
+PROMPT_TOKEN_IDS = "lightning.llm.prompt_token_ids"  # int[]
+COMPLETION_TOKEN_IDS = "lightning.llm.completion_token_ids"  # int[]
+COMPLETION_LOGPROBS = "lightning.llm.completion_logprobs"  # double[], one per completion id
+PACKED_PROMPT_TOKEN_IDS = "lightning.llm.packed.prompt_token_ids"  # bytes: int32 little-endian
+PACKED_COMPLETION_TOKEN_IDS = "lightning.llm.packed.completion_token_ids"  # bytes: int32 little-endian
+PACKED_COMPLETION_LOGPROBS = "lightning.llm.packed.completion_logprobs"  # bytes: float64 little-endian
+FINISH_REASON = "lightning.llm.finish_reason"
+
+# --- merge diagnostics: one span per boundary between consecutive calls, written by the trainer -----
+MERGE_ROLLOUT = "lightning.merge.rollout_id"  # not lightning.rollout.id: not a span of the rollout
+MERGE_MERGED = "lightning.merge.merged"  # bool
+MERGE_POSITION = "lightning.merge.position"  # int: first divergent token index (failed boundaries)
+MERGE_CAUSE = "lightning.merge.cause"  # retokenized, template_changed, context_rewritten, ...
+MERGE_REGION = "lightning.merge.region"  # where the divergence fell: prompt, first_message, completion
+MERGE_DETAIL = "lightning.merge.detail"
+MERGE_CHAIN = "lightning.merge.chain"  # int: chain index within the rollout
+MERGE_PREV_SPAN = "lightning.merge.prev_span_id"
+MERGE_NEXT_SPAN = "lightning.merge.next_span_id"
+
+# --- training steps: one span per optimizer step, written by the training job ---------------------
+TRAIN_STEP = "lightning.train.step"  # int
+TRAIN_VERSION = "lightning.train.version"  # the policy version the step produced
+TRAIN_ROLLOUTS = "lightning.train.rollouts"
+TRAIN_SAMPLES = "lightning.train.samples"
+TRAIN_MEAN_REWARD = "lightning.train.mean_reward"
+TRAIN_LOSS = "lightning.train.loss"
+TRAIN_CLIP_FRACTION = "lightning.train.clip_fraction"
+TRAIN_ENTROPY = "lightning.train.entropy"
+TRAIN_KL = "lightning.train.kl"
+TRAIN_GRAD_NORM = "lightning.train.grad_norm"
+TRAIN_SWAP_SECONDS = "lightning.train.swap_seconds"
+TRAIN_MERGE_RATE = "lightning.train.merge_rate"
+# int[]: element k = how many of the step's rollouts became k + 1 training samples
+TRAIN_SAMPLES_PER_ROLLOUT = "lightning.train.samples_per_rollout"
+
+# --- the SDK's own health, on each rollout root span --------------------------------------------
+# Spans this process dropped so far (export queue full), cumulative; with the resource's
+# service.instance.id, SQL sums the latest value per process.
+SDK_DROPPED_SPANS = "lightning.sdk.dropped_spans"
+SERVICE_INSTANCE_ID = "service.instance.id"  # OpenTelemetry resource attribute, one per process
+
+# Span names we create.
+SPAN_ROLLOUT = "rollout"
+SPAN_REWARD = "reward"
+SPAN_MERGE_BOUNDARY = "merge_boundary"
+SPAN_TRAIN_STEP = "train_step"
+
+# The attributes copied from the rollout context onto every span started inside a rollout.
+ROLLOUT_CONTEXT_ATTRIBUTES = (ROLLOUT_ID, TASK_ID, ATTEMPT)
+
+# Every attribute we write ourselves (docs/span-schema.md must document each).
+LIGHTNING_ATTRIBUTES = (
+    ROLLOUT_ID,
+    TASK_ID,
+    ATTEMPT,
+    ROLLOUT_ROOT,
+    REWARD_NAME,
+    REWARD_VALUE,
+    POLICY_VERSION,
+    PROMPT_TOKEN_IDS,
+    COMPLETION_TOKEN_IDS,
+    COMPLETION_LOGPROBS,
+    PACKED_PROMPT_TOKEN_IDS,
+    PACKED_COMPLETION_TOKEN_IDS,
+    PACKED_COMPLETION_LOGPROBS,
+    FINISH_REASON,
+    MERGE_ROLLOUT,
+    MERGE_MERGED,
+    MERGE_POSITION,
+    MERGE_CAUSE,
+    MERGE_REGION,
+    MERGE_DETAIL,
+    MERGE_CHAIN,
+    MERGE_PREV_SPAN,
+    MERGE_NEXT_SPAN,
+    TRAIN_STEP,
+    TRAIN_VERSION,
+    TRAIN_ROLLOUTS,
+    TRAIN_SAMPLES,
+    TRAIN_MEAN_REWARD,
+    TRAIN_LOSS,
+    TRAIN_CLIP_FRACTION,
+    TRAIN_ENTROPY,
+    TRAIN_KL,
+    TRAIN_GRAD_NORM,
+    TRAIN_SWAP_SECONDS,
+    TRAIN_MERGE_RATE,
+    TRAIN_SAMPLES_PER_ROLLOUT,
+    SDK_DROPPED_SPANS,
+)

@@ -1,0 +1,288 @@
+"""What the agent side knows about a vLLM endpoint: is it vLLM, which weights is it serving,
+how to ask it for token ids and logprobs, and how to read them back.
+
+Shared by every integration (OpenAI SDK now; gateway and others later) so the request fields
+and the response layout of vLLM are spelled once. Standard library only: this runs in agents.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from lightning_otel.core import schema
+from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
+from lightning_otel.core.token_encoding import attribute, pack
+
+log = logging.getLogger(__name__)
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+_PROBE_TIMEOUT_S = 2.0
+_LOGPROB = operator.attrgetter("logprob")
+
+
+def endpoint_kind(path: str) -> str | None:
+    """'chat' for .../chat/completions, 'completions' for .../completions, else None."""
+    known = _kinds.get(path, _UNKNOWN)
+    if known is _UNKNOWN:
+        if len(_kinds) > 1024:
+            _kinds.clear()
+        known = _kinds[path] = _endpoint_kind(path)
+    return known
+
+
+_kinds: dict[str, str | None] = {}  # the few request paths a process uses, on every call
+_UNKNOWN = object()
+
+
+def _endpoint_kind(path: str) -> str | None:
+    path = path.split("?", 1)[0].rstrip("/")
+    if path.endswith("/chat/completions") or path == "chat/completions":
+        return CHAT
+    if path.endswith("/completions") or path == "completions":
+        return COMPLETIONS
+    return None
+
+
+def token_request_fields(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields to add to a request so vLLM returns prompt/completion token ids and the chosen
+    tokens' logprobs. Never lowers what the caller asked for (top_logprobs, logprobs=N)."""
+    extra: dict[str, Any] = {"return_token_ids": True}
+    if kind == CHAT:
+        if not body.get("logprobs"):
+            extra["logprobs"] = True
+    elif body.get("logprobs") is None:
+        extra["logprobs"] = 0  # completions: 0 = only the sampled token's logprob
+    return extra
+
+
+def read_field(obj: Any, key: str) -> Any:
+    """obj[key] of a dict, obj.key of an SDK object (or its pydantic extras), else None.
+    Runs tens of times per model call, hence the order: plain dicts, then what an object holds in
+    its __dict__ (pydantic fields live there) or in pydantic's extras (vLLM-only fields on openai's
+    models), before the general cases (a pydantic model's getattr of a missing name raises inside)."""
+    if type(obj) is dict:
+        return obj.get(key)
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None and key in fields:
+        return fields[key]
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        if key in extra:
+            return extra[key]
+        if fields is not None and not _class_has(type(obj), key):
+            return None  # a pydantic model without this field, extra or property
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+_class_attributes: dict[tuple[type, str], bool] = {}
+
+
+def _class_has(cls: type, key: str) -> bool:
+    """hasattr(cls, key), remembered: on a pydantic model class a missing name raises inside its
+    metaclass, and the same few (class, name) pairs are asked on every call."""
+    known = _class_attributes.get((cls, key))
+    if known is None:
+        if len(_class_attributes) > 4096:
+            _class_attributes.clear()
+        known = _class_attributes[(cls, key)] = hasattr(cls, key)
+    return known
+
+
+def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001
+    """The schema's token attributes, packed; logprobs only when they align one to one with the ids."""
+    prompt, completion, lps = (None if v is None else pack(code, v) for code, v in (("i", prompt_ids), ("i", completion_ids), ("d", logprobs)))
+    return packed_attributes(prompt, completion, lps, finish_reason)
+
+
+def packed_attributes(prompt: bytes | None, completion: bytes | None, logprobs: bytes | None, finish_reason: Any) -> dict[str, Any]:
+    """The schema's token attributes from ids already packed as little-endian int32 and logprobs as
+    float64 bytes; logprobs only when they align one to one with the completion ids."""
+    attributes: dict[str, Any] = {}
+    if prompt is not None:
+        attributes[schema.PACKED_PROMPT_TOKEN_IDS] = attribute(prompt)
+    if completion is not None:
+        attributes[schema.PACKED_COMPLETION_TOKEN_IDS] = attribute(completion)
+        if logprobs is not None and len(logprobs) // 8 == len(completion) // 4:
+            attributes[schema.PACKED_COMPLETION_LOGPROBS] = attribute(logprobs)
+        elif logprobs is not None:
+            log.warning("vLLM returned %d logprobs for %d completion tokens; not recorded",
+                        len(logprobs) // 8, len(completion) // 4)  # fmt: skip
+    if finish_reason is not None:
+        attributes[schema.FINISH_REASON] = str(finish_reason)
+    return attributes
+
+
+def _choice_logprobs(kind: str, choice: Any) -> list[float] | None:
+    logprobs_obj = read_field(choice, "logprobs")
+    if logprobs_obj is None:
+        return None
+    if kind == CHAT:
+        content = read_field(logprobs_obj, "content")
+        if content is None:
+            return None
+        if content and type(content[0]) is not dict:  # SDK objects (floats from JSON; packing checks them)
+            try:
+                return list(map(_LOGPROB, content))
+            except AttributeError:
+                pass
+        return [float(read_field(entry, "logprob")) for entry in content]  # the response JSON, or anything else
+    token_logprobs = read_field(logprobs_obj, "token_logprobs")
+    return [float(x) for x in token_logprobs] if token_logprobs is not None else None
+
+
+def first_choice(response: Any) -> Any:
+    for choice in read_field(response, "choices") or []:
+        if (read_field(choice, "index") or 0) == 0:
+            return choice
+    return None
+
+
+def token_attributes(kind: str, response: Any) -> dict[str, Any]:
+    """Token attributes from a non-streaming vLLM response (a dict or an SDK object), choice 0."""
+    choice = first_choice(response)
+    if choice is None:
+        return {}
+    prompt_ids = read_field(response, "prompt_token_ids") if kind == CHAT else read_field(choice, "prompt_token_ids")
+    return _packed(prompt_ids, read_field(choice, "token_ids"), _choice_logprobs(kind, choice), read_field(choice, "finish_reason"))
+
+
+class StreamAccumulator:
+    """Assembles token ids and logprobs from a vLLM stream, chunk by chunk, in order (choice 0).
+    vLLM sends prompt ids once (top level for chat, in the choice for completions) and each
+    chunk's new completion ids and their logprobs."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.logprobs_complete = True
+        self.seen_ids = False
+        self.finish_reason: str | None = None
+
+    def add(self, chunk: Any) -> None:
+        if self.kind == CHAT and self.prompt_ids is None:
+            self.prompt_ids = read_field(chunk, "prompt_token_ids")
+        choice = first_choice(chunk)
+        if choice is None:
+            return
+        if self.kind == COMPLETIONS and self.prompt_ids is None:
+            self.prompt_ids = read_field(choice, "prompt_token_ids")
+        ids = read_field(choice, "token_ids")
+        if ids:
+            self.seen_ids = True
+            self.completion_ids.extend(int(t) for t in ids)
+            logprobs = _choice_logprobs(self.kind, choice)
+            if logprobs is None or len(logprobs) != len(ids):
+                self.logprobs_complete = False
+            else:
+                self.logprobs.extend(logprobs)
+        finish = read_field(choice, "finish_reason")
+        if finish is not None:
+            self.finish_reason = finish
+
+    def token_counts(self) -> dict[str, int]:
+        """OpenInference's token counts, from the ids the stream carried."""
+        if self.prompt_ids is None or not self.seen_ids:
+            return {}
+        prompt, completion = len(self.prompt_ids), len(self.completion_ids)
+        return {schema.LLM_TOKEN_COUNT_PROMPT: prompt, schema.LLM_TOKEN_COUNT_COMPLETION: completion,
+                schema.LLM_TOKEN_COUNT_TOTAL: prompt + completion}  # fmt: skip
+
+    def attributes(self) -> dict[str, Any]:
+        logprobs = self.logprobs if self.logprobs_complete else None
+        return _packed(self.prompt_ids, self.completion_ids if self.seen_ids else None, logprobs, self.finish_reason)
+
+
+@dataclass
+class _ServerInfo:
+    is_vllm: bool
+    has_weight_info: bool
+
+
+class VLLMEndpoints:
+    """Caches, per base URL, whether the server is vLLM (its /v1/models says owned_by 'vllm')
+    and its weight version. The version is refreshed by a background thread every
+    `version_poll_s`, so a call reads it from memory: a swap is seen within that interval."""
+
+    def __init__(self, version_poll_s: float = 0.2) -> None:
+        self.version_poll_s = version_poll_s
+        self._info: dict[str, _ServerInfo] = {}
+        self._versions: dict[str, str] = {}
+        self._headers: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._poller: threading.Thread | None = None
+
+    @staticmethod
+    def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
+        request = urllib.request.Request(url, headers=dict(headers))
+        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as reply:  # noqa: S310 - user's URL
+            return json.loads(reply.read())
+
+    def cached(self, base_url: str) -> _ServerInfo | None:
+        """What info() found for this server, None if it was not asked yet (no network)."""
+        return self._info.get(base_url.rstrip("/"))
+
+    def info(self, base_url: str, headers: Mapping[str, str]) -> _ServerInfo:
+        cached = self.cached(base_url)
+        if cached is not None:
+            return cached
+        base = base_url.rstrip("/")
+        try:
+            models = self._fetch_json(base + "/models", headers)
+            is_vllm = any(m.get("owned_by") == "vllm" for m in models.get("data", []))
+        except (OSError, ValueError, AttributeError) as exc:
+            log.debug("not treating %s as vLLM: %s", base, exc)
+            is_vllm = False
+        version = self._read_version(base, headers) if is_vllm else None
+        info = _ServerInfo(is_vllm=is_vllm, has_weight_info=version is not None)
+        with self._lock:
+            self._info[base] = info
+            if version is not None:
+                self._versions[base] = version
+                self._headers[base] = dict(headers)
+                self._start_poller()
+        return info
+
+    def _read_version(self, base: str, headers: Mapping[str, str]) -> str | None:
+        try:
+            return weight_version_of(self._fetch_json(server_root(base) + WEIGHT_INFO_PATH, headers))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # dev-mode routes off: no policy version recorded
+
+    def _start_poller(self) -> None:
+        if self._poller is None:
+            self._poller = threading.Thread(target=self._poll, name="lightning-otel-weight-version", daemon=True)
+            self._poller.start()
+
+    def _poll(self) -> None:
+        while True:
+            time.sleep(self.version_poll_s)
+            for base, headers in list(self._headers.items()):
+                version = self._read_version(base, headers)
+                if version is not None:
+                    self._versions[base] = version
+
+    def weight_version(self, base_url: str) -> str | None:
+        """The last weight version seen for this server (None if it does not say)."""
+        return self._versions.get(base_url.rstrip("/"))
+
+    def forget(self) -> None:
+        with self._lock:
+            self._info.clear()
+            self._versions.clear()
+            self._headers.clear()
+
+
+ENDPOINTS = VLLMEndpoints()

@@ -1,0 +1,111 @@
+"""Weight swaps coordinated by the gateway: no failed request, and every response's version exact.
+
+Full weights, one replica at a time (the others keep serving): the gateway stops dispatching to the
+replica (new requests wait in the gateway), waits until its requests in flight have finished, swaps
+(lightning_otel.core.vllm_admin.hot_swap: validate, pause, reload, reset prefix cache, set version,
+resume; rollback on failure), then dispatches again. A request is dispatched only while its
+replica's version is stable, so the version recorded at dispatch is the version that serves it.
+
+LoRA: the new adapter is loaded on every replica under a versioned name (`policy@7`); the gateway
+then points the logical model name (`policy`) at it for new requests, atomically; requests already
+running on the previous adapter finish on it, and it is unloaded once none is left.
+
+Routes (bearer `--admin-token`; without one they answer 403):
+    POST /admin/swap   {"mode": "full", "weights_path": DIR, "version": V, "rollback_path": DIR}
+                       {"mode": "lora", "adapter_path": DIR, "version": V, "model": "policy"}
+    GET  /admin/state
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiohttp import web
+
+from lightning_otel.core.auth import bearer_ok
+from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap
+
+_DRAIN_TIMEOUT_S = 600.0
+
+
+def _admin_ok(request: web.Request, token: str | None) -> bool:
+    return bool(token) and bearer_ok(request.headers.get("Authorization"), token)  # no admin token: no admin
+
+
+async def _drained(condition: asyncio.Condition, still_busy) -> float:  # noqa: ANN001
+    """Wait until still_busy() is false; returns the seconds waited."""
+    began = time.perf_counter()
+    async with condition:
+        await asyncio.wait_for(condition.wait_for(lambda: not still_busy()), _DRAIN_TIMEOUT_S)
+    return time.perf_counter() - began
+
+
+async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a Gateway
+    weights, version, rollback = body["weights_path"], str(body["version"]), body["rollback_path"]
+    replicas = []
+    for upstream in gateway.upstreams:
+        upstream.gate.clear()  # new requests go to another replica, or wait in the gateway
+        closed_ns = time.time_ns()
+        try:
+            waited = await _drained(gateway.idle, lambda u=upstream: u.inflight > 0)
+            admin = VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key)
+            report = await asyncio.to_thread(hot_swap, admin, weights, version, rollback)
+            upstream.version, upstream.version_owned = version, True
+        finally:
+            opened_ns = time.time_ns()
+            upstream.gate.set()
+        replicas.append({"url": upstream.url, "drain_s": waited, "swap_s": report.seconds,
+                         "closed_ns": closed_ns, "opened_ns": opened_ns})  # fmt: skip
+    return {"mode": "full", "version": version, "replicas": replicas}
+
+
+async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a Gateway
+    model, version, path = body["model"], str(body["version"]), body["adapter_path"]
+    name = f"{model}@{version}"
+    began = time.perf_counter()
+    for upstream in gateway.upstreams:
+        await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).load_lora, name, path)
+    previous = gateway.served.get(model)
+    gateway.served[model] = (name, version)  # new requests for `model` go to the new adapter now
+    for upstream in gateway.upstreams:
+        upstream.version, upstream.version_owned = version, True
+    loaded = time.perf_counter() - began
+    waited = 0.0
+    if previous is not None:
+        waited = await _drained(gateway.idle, lambda: gateway.adapter_inflight[previous[0]] > 0)
+        for upstream in gateway.upstreams:
+            await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).unload_lora, previous[0])
+    return {"mode": "lora", "version": version, "adapter": name, "load_s": loaded, "drain_s": waited}
+
+
+def routes(gateway) -> list[web.RouteDef]:  # noqa: ANN001 - a Gateway
+    lock = asyncio.Lock()  # one swap at a time
+
+    async def swap(request: web.Request) -> web.Response:
+        if not _admin_ok(request, gateway.config.admin_token):
+            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+        try:
+            body = await request.json()
+            mode = body.get("mode", "full")
+            async with lock:
+                result = await (swap_lora if mode == "lora" else swap_full)(gateway, body)
+        except (KeyError, ValueError, TypeError) as exc:
+            return web.json_response({"error": f"bad swap request: {exc}"}, status=400)
+        except SwapError as exc:
+            return web.json_response({"error": str(exc)}, status=502)
+        except asyncio.TimeoutError:
+            return web.json_response({"error": "requests in flight did not drain in time"}, status=504)
+        return web.json_response(result)
+
+    async def state(request: web.Request) -> web.Response:
+        if not _admin_ok(request, gateway.config.admin_token):
+            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+        return web.json_response({
+            "replicas": [{"url": u.url, "version": u.version, "inflight": u.inflight, "healthy": u.healthy}
+                         for u in gateway.upstreams],
+            "served": {model: target for model, (target, _) in gateway.served.items()},
+        })  # fmt: skip
+
+    return [web.post("/admin/swap", swap), web.get("/admin/state", state)]

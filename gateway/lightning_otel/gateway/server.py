@@ -1,0 +1,423 @@
+"""The LLM gateway: OpenAI-compatible HTTP in front of vLLM, for harnesses in any language.
+
+    lightning-otel gateway --upstream http://vllm-a:8000 --upstream http://vllm-b:8000 --port 8080
+
+A harness points its OpenAI base URL at the gateway and changes nothing else. Per call, the
+gateway asks vLLM for token ids and chosen-token logprobs, forwards the response unchanged
+(streams chunk by chunk), and emits one OpenInference LLM span with the span schema's attributes.
+
+Linking calls to rollouts without code changes:
+    /rollout/{rollout_id}/v1/...                 or  /rollout/{rollout_id}/task/{task_id}/v1/...
+    headers X-Rollout-Id / X-Task-Id             and a W3C `traceparent` joins the caller's trace
+    POST /rollout/{rollout_id}[/task/{task_id}]/reward  {"value": 1.0, "name": "reward"}
+
+Reliability: connection errors and 5xx are retried with backoff on the next replica before any
+byte reaches the client; calls of one rollout go to the same replica (rendezvous hashing: prefix
+cache hits); a retried client request (same `Idempotency-Key`) is answered from the first result
+and recorded once; failures come back as 502/504 JSON and are recorded as error spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import math
+import time
+import urllib.parse
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from opentelemetry import context as context_api
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+from opentelemetry.trace import Status, StatusCode
+
+from lightning_otel.core import schema
+from lightning_otel.gateway.config import GatewayConfig
+from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
+from lightning_otel.core.auth import bearer_ok
+from lightning_otel.core.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's spans
+_IDEMPOTENCY_TTL_S = 600.0
+_IDEMPOTENCY_MAX = 10_000
+_VERSION_POLL_S = 0.1
+
+
+@dataclass
+class _Upstream:
+    url: str
+    version: str | None = None
+    healthy: bool = True
+    inflight: int = 0  # requests dispatched and not yet answered
+    gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: dispatch; clear: a swap is draining it
+    version_owned: bool = False  # the gateway swapped it: it knows the version, do not poll it
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+
+@dataclass
+class _Call:
+    """What one proxied call needs to become a span."""
+
+    kind: str | None
+    body: dict | None
+    rollout: dict[str, Any] = field(default_factory=dict)
+    context: context_api.Context | None = None  # from the caller's traceparent, if any
+    upstream: _Upstream | None = None
+    version: str | None = None  # the version that served the call, fixed at dispatch
+    adapter: tuple[str, str] | None = None  # LoRA: (adapter name, version) the logical model maps to
+    started_ns: int = field(default_factory=time.time_ns)
+
+    @property
+    def streaming(self) -> bool:
+        return bool(self.body and self.body.get("stream"))
+
+
+class _SSEParser:
+    """Feeds the `data:` events of a server-sent-event byte stream to a StreamAccumulator."""
+
+    def __init__(self, accumulator: StreamAccumulator) -> None:
+        self.accumulator = accumulator
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> None:
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            data = line[6:].strip() if line.startswith(b"data: ") else b""
+            if data and data != b"[DONE]":
+                try:
+                    self.accumulator.add(json.loads(data))
+                except ValueError:
+                    continue
+
+
+def _with_fields(raw: bytes, body: dict, fields: dict) -> bytes:
+    """The request body with `fields` added, without re-serializing it: appended before the final
+    brace, so on a repeated key (a caller's logprobs=false) ours, the last, is the one parsed."""
+    if not fields:
+        return raw
+    if not body:
+        return json.dumps(fields).encode()
+    return raw.rstrip()[:-1] + b"," + json.dumps(fields)[1:].encode()
+
+
+def _json(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, tracer: trace.Tracer | None = None) -> None:
+        if not config.upstreams:
+            raise ValueError("the gateway needs at least one --upstream")
+        self.config = config
+        self.upstreams = [_Upstream(server_root(u)) for u in config.upstreams]
+        self.tracer = tracer or trace.get_tracer("lightning_otel.gateway")
+        self.session: ClientSession | None = None
+        self._completed: OrderedDict[str, tuple[float, int, dict, bytes]] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._round_robin = 0
+        self.idle: asyncio.Condition | None = None  # notified whenever a request finishes
+        self.served: dict[str, tuple[str, str]] = {}  # logical model -> (LoRA adapter, version)
+        self.adapter_inflight: Counter = Counter()
+
+    # -- app ---------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._auth])
+        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        for prefix in ("", "/rollout/{rollout_id}", "/rollout/{rollout_id}/task/{task_id}"):
+            app.router.add_route("*", prefix + "/v1/{path:.*}", self.proxy)
+            if prefix:
+                app.router.add_post(prefix + "/reward", self.reward)
+        from lightning_otel.gateway.admin import routes
+
+        app.router.add_routes(routes(self))
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):  # noqa: ANN001, ANN202
+        token = self.config.token
+        if token and request.path != "/health" and not request.path.startswith("/admin/"):
+            if not bearer_ok(request.headers.get("Authorization"), token):
+                return _json(401, "missing or wrong bearer token", "authentication_error")
+        return await handler(request)
+
+    async def _start(self, _app: web.Application) -> None:
+        self.idle = asyncio.Condition()
+        self.session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s))
+        self._tasks.append(asyncio.create_task(self._poll_versions()))
+
+    async def _stop(self, _app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.session is not None:
+            await self.session.close()
+
+    def _upstream_headers(self) -> dict[str, str]:
+        key = self.config.upstream_api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    async def _poll_versions(self) -> None:
+        """Track each replica's weight version (vLLM dev-mode /weight_info) and health."""
+        while True:
+            for upstream in self.upstreams:
+                if upstream.version_owned:
+                    continue
+                try:
+                    async with self.session.get(upstream.url + WEIGHT_INFO_PATH, headers=self._upstream_headers(),
+                                                timeout=ClientTimeout(total=2)) as reply:  # fmt: skip
+                        if reply.status == 200:
+                            upstream.version = weight_version_of(await reply.json())
+                    upstream.healthy = True
+                except (ClientError, asyncio.TimeoutError, ValueError, KeyError):
+                    upstream.healthy = False
+            await asyncio.sleep(_VERSION_POLL_S)
+
+    # -- routing ---------------------------------------------------------------------------------
+    def _replicas(self, rollout_id: str | None) -> list[_Upstream]:
+        """Replicas in the order to try: rendezvous hashing on the rollout id (sticky), else round robin."""
+        if rollout_id:
+            def weight(upstream: _Upstream) -> int:
+                return int.from_bytes(hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big")
+
+            ordered = sorted(self.upstreams, key=weight, reverse=True)
+        else:
+            self._round_robin = (self._round_robin + 1) % len(self.upstreams)
+            ordered = self.upstreams[self._round_robin :] + self.upstreams[: self._round_robin]
+        return [u for u in ordered if u.healthy] + [u for u in ordered if not u.healthy]
+
+    @staticmethod
+    def _rollout(request: web.Request) -> dict[str, Any]:
+        rollout_id = request.match_info.get("rollout_id") or request.headers.get("X-Rollout-Id")
+        task_id = request.match_info.get("task_id") or request.headers.get("X-Task-Id")
+        identity: dict[str, Any] = {}
+        if rollout_id:
+            identity[schema.ROLLOUT_ID] = rollout_id
+        if task_id:
+            identity[schema.TASK_ID] = task_id
+        return identity
+
+    # -- proxy -------------------------------------------------------------------------------------
+    async def proxy(self, request: web.Request) -> web.StreamResponse:
+        path = "/v1/" + request.match_info["path"]
+        raw = await request.read()
+        kind = endpoint_kind(path) if request.method == "POST" else None
+        body = None
+        if kind is not None:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                return _json(400, "request body is not JSON", "invalid_request_error")
+            if not isinstance(body, dict):
+                return _json(400, "request body must be a JSON object", "invalid_request_error")
+            adapter = self.served.get(body.get("model"))
+            if adapter is not None:  # LoRA: the logical model name goes to the current adapter
+                raw = json.dumps({**body, "model": adapter[0], **token_request_fields(kind, body)}).encode()
+            else:
+                raw = _with_fields(raw, body, token_request_fields(kind, body))
+        call = _Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
+        if kind is not None:
+            call.adapter = self.served.get(body.get("model"))
+        key = request.headers.get("Idempotency-Key")
+        if key and kind is not None:
+            return await self._once(key, request, path, raw, call)
+        return await self._forward(request, path, raw, call)
+
+    async def _once(self, key: str, request: web.Request, path: str, raw: bytes, call: _Call) -> web.StreamResponse:
+        """A retried request (same Idempotency-Key) gets the first result; only the first is recorded."""
+        now = time.monotonic()
+        while self._completed and next(iter(self._completed.values()))[0] < now:
+            self._completed.popitem(last=False)
+        if key in self._completed:
+            _, status, headers, payload = self._completed[key]
+            return web.Response(status=status, headers=headers, body=payload)
+        if key in self._inflight:
+            status, headers, payload = await asyncio.shield(self._inflight[key])
+            return web.Response(status=status, headers=headers, body=payload)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            response = await self._forward(request, path, raw, call, buffer=True)
+            result = (response.status, {"Content-Type": response.content_type, **self._headers(call)}, response.body)
+            if response.status < 500:
+                self._completed[key] = (now + _IDEMPOTENCY_TTL_S, *result)
+                if len(self._completed) > _IDEMPOTENCY_MAX:
+                    self._completed.popitem(last=False)
+            future.set_result(result)
+            return response
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters re-raise it
+            raise
+        finally:
+            del self._inflight[key]
+
+    async def _forward(self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False) -> web.StreamResponse:
+        """Send to a replica, retrying connection errors and 5xx on the next one, then answer."""
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), **self._upstream_headers()}
+        replicas = self._replicas(call.rollout.get(schema.ROLLOUT_ID))
+        error = "no upstream answered"
+        for attempt in range(self.config.retries + 1):
+            if attempt:
+                await asyncio.sleep(min(2.0, 0.05 * 2**attempt))
+            upstream = replicas[attempt % len(replicas)]
+            if not upstream.gate.is_set():  # swapping: another open replica rather than waiting
+                upstream = next((u for u in replicas if u.gate.is_set() and u.healthy), upstream)
+            call.upstream = upstream
+            await upstream.gate.wait()  # closed while a swap drains this replica (all closed: wait)
+            upstream.inflight += 1
+            if call.adapter is not None:
+                self.adapter_inflight[call.adapter[0]] += 1
+            call.version = call.adapter[1] if call.adapter is not None else upstream.version
+            try:
+                outcome = await self._attempt(request, path, raw, headers, call, buffer)
+            finally:
+                upstream.inflight -= 1
+                if call.adapter is not None:
+                    self.adapter_inflight[call.adapter[0]] -= 1
+                async with self.idle:
+                    self.idle.notify_all()
+            if isinstance(outcome, web.StreamResponse):
+                return outcome
+            error = outcome
+        self._record(call, None, error=f"upstream unavailable: {error}")
+        return _json(502, f"upstream unavailable: {error}", "upstream_unavailable")
+
+    async def _attempt(self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call,
+                       buffer: bool) -> web.StreamResponse | str:  # fmt: skip
+        """One try on call.upstream: the response, or the error string of a retryable failure."""
+        try:
+            reply = await self.session.request(request.method, call.upstream.url + path, data=raw, headers=headers,
+                                               params=request.query)  # fmt: skip
+        except asyncio.TimeoutError:
+            self._record(call, None, error="upstream timed out")
+            return _json(504, "upstream timed out", "upstream_timeout")
+        except ClientError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if reply.status >= 500:
+            reply.release()
+            return f"upstream answered {reply.status}"
+        try:
+            if call.streaming and not buffer and reply.status == 200:
+                return await self._stream(request, reply, call)
+            payload = await reply.read()
+        except (ClientError, asyncio.TimeoutError) as exc:
+            self._record(call, None, error=f"upstream failed mid-response: {exc}")
+            return _json(502, "upstream failed mid-response", "upstream_error")
+        finally:
+            reply.release()
+        ok = reply.status == 200
+        # The span is built after the response is on its way: recording adds no latency.
+        asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
+                                             None if ok else f"upstream answered {reply.status}")  # fmt: skip
+        return web.Response(status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call))
+
+    @staticmethod
+    def _headers(call: _Call) -> dict[str, str]:
+        return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
+
+    async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:  # noqa: ANN001
+        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                           **self._headers(call)})  # fmt: skip
+        await response.prepare(request)
+        events = _SSEParser(StreamAccumulator(call.kind))
+        error = None
+        try:
+            async for chunk in reply.content.iter_any():
+                await response.write(chunk)  # unchanged, as soon as it arrives
+                events.feed(chunk)
+        except (ClientError, asyncio.TimeoutError) as exc:
+            error = f"upstream failed mid-stream: {exc}"
+        finally:
+            reply.release()
+        await response.write_eof()
+        self._record(call, None, error=error, accumulated=events.accumulator)
+        return response
+
+    # -- spans -------------------------------------------------------------------------------------
+    def _record(self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None) -> None:
+        if call.kind is None:
+            return
+        attributes: dict[str, Any] = {
+            schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+            schema.LLM_PROVIDER: "vllm",
+            **call.rollout,
+        }
+        if call.body is not None:
+            attributes[schema.INPUT_VALUE] = schema.REDACTED if self.config.hide_inputs else json.dumps(call.body)
+            attributes[schema.INPUT_MIME_TYPE] = "application/json"
+            parameters = {k: v for k, v in call.body.items() if k not in ("messages", "prompt")}
+            attributes[schema.LLM_INVOCATION_PARAMETERS] = json.dumps(parameters)
+        if call.version is not None:
+            attributes[schema.POLICY_VERSION] = call.version
+        if call.upstream is not None:
+            address = urllib.parse.urlsplit(call.upstream.url)
+            attributes[schema.SERVER_ADDRESS] = address.hostname or ""
+            if address.port:
+                attributes[schema.SERVER_PORT] = address.port
+        if payload is not None and call.streaming:  # a buffered stream (an idempotent replay)
+            events = _SSEParser(StreamAccumulator(call.kind))
+            events.feed(payload + b"\n")
+            accumulated, payload = events.accumulator, None
+        if payload is not None:
+            try:
+                response = json.loads(payload)
+                attributes.update(token_attributes(call.kind, response))
+                usage = response.get("usage") or {}
+                for name, key in ((schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
+                                  (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
+                                  (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens")):  # fmt: skip
+                    if isinstance(usage.get(key), int):
+                        attributes[name] = usage[key]
+                if response.get("model"):
+                    attributes[schema.LLM_MODEL_NAME] = response["model"]
+                attributes[schema.OUTPUT_VALUE] = schema.REDACTED if self.config.hide_outputs else payload.decode()
+                attributes[schema.OUTPUT_MIME_TYPE] = "application/json"
+            except (ValueError, AttributeError):
+                pass
+        if accumulated is not None:
+            attributes.update(accumulated.attributes())
+        name = "ChatCompletion" if call.kind == "chat" else "Completion"
+        span = self.tracer.start_span(name, context=call.context, attributes=attributes, start_time=call.started_ns)
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end()
+
+    # -- rewards -----------------------------------------------------------------------------------
+    async def reward(self, request: web.Request) -> web.Response:
+        identity = self._rollout(request)
+        try:
+            data = await request.json()
+            value = float(data["value"])
+            name = str(data.get("name", schema.DEFAULT_REWARD_NAME))
+        except (ValueError, KeyError, TypeError):
+            return _json(400, 'body must be {"value": <number>, "name": <optional string>}', "invalid_request_error")
+        if not math.isfinite(value):
+            return _json(400, f"reward must be finite, got {value}", "invalid_request_error")
+        attributes = {schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR, schema.REWARD_NAME: name,
+                      schema.REWARD_VALUE: value, **identity}  # fmt: skip
+        self.tracer.start_span(schema.SPAN_REWARD, context=extract(dict(request.headers)), attributes=attributes).end()
+        return web.json_response({"recorded": True})
+
+
+def serve(config: GatewayConfig) -> None:
+    """Run the gateway until SIGINT/SIGTERM; spans go where OTEL_EXPORTER_OTLP_* say (default local)."""
+    from lightning_otel.core.otlp import server_tracer_provider
+
+    provider = server_tracer_provider(SERVICE_NAME)
+    gateway = Gateway(config, provider.get_tracer("lightning_otel.gateway"))
+    print(f"lightning-otel gateway: http://{config.host}:{config.port}/v1 -> {', '.join(config.upstreams)}", flush=True)
+    try:
+        web.run_app(gateway.app(), host=config.host, port=config.port, print=None, access_log=None)
+    finally:
+        provider.shutdown()

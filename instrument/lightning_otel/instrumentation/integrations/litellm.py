@@ -1,0 +1,89 @@
+"""LiteLLM: OpenInference's LiteLLM instrumentor, plus vLLM token capture.
+
+LiteLLM talks to vLLM with its own HTTP client, not the OpenAI SDK, so capture happens here:
+`litellm.completion` / `acompletion` are wrapped before OpenInference wraps them (ours runs inside
+its LLM span); for `hosted_vllm/...` models, or an `api_base` that answers as vLLM, the request asks
+for token ids and logprobs (LiteLLM passes vLLM's fields through to its response), and they are
+written on the span. Streaming LiteLLM calls are recorded without token ids for now.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from opentelemetry import trace
+
+from lightning_otel.core import schema
+from lightning_otel.instrumentation.integrations._installed import installed
+from lightning_otel.instrumentation.options import Options
+from lightning_otel.core.vllm_endpoint import CHAT, ENDPOINTS, token_attributes, token_request_fields
+
+NAME = "litellm"
+TRIGGER = "litellm"  # turned on when this module is imported (now, if it already is)
+_originals: dict[str, Any] = {}
+
+
+def available() -> bool:
+    return installed("litellm", "openinference.instrumentation.litellm")
+
+
+def _targets_vllm(kwargs: dict, capture: str) -> bool:
+    if capture == "off" or kwargs.get("stream"):
+        return False
+    base = kwargs.get("api_base") or kwargs.get("base_url")
+    is_vllm = bool(base) and ENDPOINTS.info(str(base), {}).is_vllm  # also starts weight-version polling
+    return is_vllm or capture == "always" or str(kwargs.get("model", "")).startswith("hosted_vllm/")
+
+
+def _prepare(kwargs: dict) -> dict:
+    extra = dict(kwargs.get("extra_body") or {})
+    fields = token_request_fields(CHAT, {**kwargs, **extra})
+    if fields.pop("logprobs", None) and not kwargs.get("logprobs"):
+        kwargs = {**kwargs, "logprobs": True}
+    return {**kwargs, "extra_body": {**extra, **fields}}
+
+
+def _record(response: Any, kwargs: dict) -> None:
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    attributes = token_attributes(CHAT, response)
+    base = kwargs.get("api_base") or kwargs.get("base_url")
+    version = ENDPOINTS.weight_version(str(base)) if base else None
+    if version is not None:
+        attributes[schema.POLICY_VERSION] = version
+    span.set_attributes(attributes)
+
+
+def enable(tracer_provider: Any, options: Options) -> None:
+    import litellm
+    from openinference.instrumentation.litellm import LiteLLMInstrumentor
+
+    instrumentor = LiteLLMInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()  # ours must go underneath its span
+    if not _originals:
+        _originals["completion"], _originals["acompletion"] = litellm.completion, litellm.acompletion
+        capture = options.capture_tokens
+
+        @functools.wraps(_originals["completion"])
+        def completion(*args, **kwargs):
+            if not _targets_vllm(kwargs, capture):
+                return _originals["completion"](*args, **kwargs)
+            kwargs = _prepare(kwargs)
+            response = _originals["completion"](*args, **kwargs)
+            _record(response, kwargs)
+            return response
+
+        @functools.wraps(_originals["acompletion"])
+        async def acompletion(*args, **kwargs):
+            if not _targets_vllm(kwargs, capture):
+                return await _originals["acompletion"](*args, **kwargs)
+            kwargs = _prepare(kwargs)
+            response = await _originals["acompletion"](*args, **kwargs)
+            _record(response, kwargs)
+            return response
+
+        litellm.completion, litellm.acompletion = completion, acompletion
+    instrumentor.instrument(tracer_provider=tracer_provider, config=options.trace_config())

@@ -1,0 +1,80 @@
+"""OpenAI SDK: lean spans (the default, openai_lean.py), or OpenInference's OpenAI instrumentor with
+vLLM token capture underneath it (`openai_spans="openinference"`, openai_capture.py). Either way
+OpenInference keeps the endpoints the lean span does not cover (embeddings, responses, ...).
+
+Private SDK internals used, each with a fallback: `BaseClient._process_response_data` (where the
+response JSON becomes SDK objects) and the HTTP response class's `json()`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+
+from lightning_otel.instrumentation.integrations._installed import installed
+from lightning_otel.instrumentation.options import Options
+
+NAME = "openai"
+TRIGGER = "openai"  # turned on when this module is imported (now, if it already is)
+_state: dict[str, Any] = {}
+
+
+def available() -> bool:
+    return installed("openai", "openinference.instrumentation.openai")
+
+
+def enable(tracer_provider: Any, options: Options) -> None:
+    import openai
+    from openai._base_client import BaseClient  # where response JSON becomes SDK objects
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    instrumentor = OpenAIInstrumentor()
+    if instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.uninstrument()  # someone instrumented first: our wrapper must go underneath
+    if _state:
+        return
+    _state["sync"], _state["async"] = openai.OpenAI.request, openai.AsyncOpenAI.request
+    if options.openai_spans == "lean":
+        # OpenInference keeps the endpoints the lean span does not cover (embeddings, responses, ...)
+        instrumentor.instrument(tracer_provider=tracer_provider, config=options.trace_config())
+        from lightning_otel.instrumentation.integrations.openai_capture import sdk_response_class
+        from lightning_otel.instrumentation.integrations.openai_lean import (
+            json_wrapper,
+            lean_async_wrapper,
+            lean_sync_wrapper,
+            scanner_built,
+            taking_wrapper,
+        )
+
+        tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
+        openai.OpenAI.request = lean_sync_wrapper(_state["sync"], openai.OpenAI.request, tracer, options)
+        openai.AsyncOpenAI.request = lean_async_wrapper(_state["async"], openai.AsyncOpenAI.request, tracer, options)
+        if hasattr(BaseClient, "_process_response_data"):  # else token fields are read from the SDK's objects
+            _state["parse"] = BaseClient._process_response_data
+            BaseClient._process_response_data = taking_wrapper(_state["parse"])
+            response_class = sdk_response_class()
+            if scanner_built() and response_class is not None:  # the raw body, before the SDK parses it
+                _state["json"] = (response_class, response_class.json)
+                response_class.json = json_wrapper(response_class.json)
+        return
+    from lightning_otel.instrumentation.integrations.openai_capture import capture_async_wrapper, capture_sync_wrapper
+
+    openai.OpenAI.request = capture_sync_wrapper(_state["sync"], options.capture_tokens)
+    openai.AsyncOpenAI.request = capture_async_wrapper(_state["async"], options.capture_tokens)
+    instrumentor.instrument(tracer_provider=tracer_provider, config=options.trace_config())
+
+
+def disable() -> None:
+    import openai
+    from openai._base_client import BaseClient
+    from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    if _state:
+        openai.OpenAI.request, openai.AsyncOpenAI.request = _state.pop("sync"), _state.pop("async")
+        if "parse" in _state:
+            BaseClient._process_response_data = _state.pop("parse")
+        if "json" in _state:
+            response_class, original = _state.pop("json")
+            response_class.json = original
+    OpenAIInstrumentor().uninstrument()

@@ -1,0 +1,118 @@
+"""`lightning-otel train`: one scheduled training run, safe under cron, crashes and reruns.
+
+A run: take the lock -> recover -> load the latest checkpoint (model, optimizer, step) and the
+ledger of trained rollouts -> make sure the servers serve that checkpoint -> select rollouts not in
+the ledger (complete: rewarded, and quiet for `min_age_s`) -> one update -> commit a checkpoint ->
+swap it in and probe it -> retention -> exit. Exit codes: 0 done or nothing to do, 1 failed (the
+servers keep the previous weights), 3 another run holds the lock.
+
+Exactly once: a checkpoint directory holds the model, the optimizer, the step and the ids of the
+rollouts that step trained on, written under a temporary name and renamed into place: the rename
+commits the update and its rollouts together. The ledger is the union of every committed step's
+ids (kept in ledger/ when a checkpoint is retired). A crash before the rename loses the update and
+the rollouts stay untrained; after it, a rerun finds the checkpoint and only swaps it in. A
+checkpoint the probe rejects moves to rejected/: its rollouts return to the pool.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+log = logging.getLogger(__name__)
+FAULT_ENV = "LIGHTNING_OTEL_FAULT"  # tests: crash here (after_load, mid_step, after_checkpoint, after_swap)
+
+
+class LockHeld(RuntimeError):
+    pass
+
+
+class JobFailed(RuntimeError):
+    pass
+
+
+def fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        log.error("fault injected at %s", point)
+        os._exit(86)
+
+
+@contextmanager
+def run_lock(state_dir: Path):
+    state_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(state_dir / "lock", "w")  # noqa: SIM115
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise LockHeld(f"another training run holds {state_dir / 'lock'}") from None
+    try:
+        yield
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+class CheckpointStore:
+    """checkpoints/step-NNNNNN/{model|adapter, optimizer.pt, state.json, rollouts.parquet}, ledger/."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.checkpoints = root / "checkpoints"
+        self.ledger_dir = root / "ledger"
+        for path in (self.checkpoints, self.ledger_dir, root / "rejected"):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def recover(self) -> None:
+        """Drop uncommitted work (temporary directories): a crash before a commit left it."""
+        for tmp in self.checkpoints.glob(".tmp-*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def committed(self) -> list[Path]:
+        return sorted(p for p in self.checkpoints.glob("step-*") if (p / "state.json").exists())
+
+    def latest(self) -> Path | None:
+        steps = self.committed()
+        return steps[-1] if steps else None
+
+    def trained_ids(self) -> pa.Table:
+        files = [p / "rollouts.parquet" for p in self.committed()] + sorted(self.ledger_dir.glob("*.parquet"))
+        tables = [pq.read_table(f) for f in files if f.exists()]
+        return pa.concat_tables(tables) if tables else pa.table({"rollout_id": pa.array([], pa.string())})
+
+    def commit(self, step: int, write) -> Path:  # noqa: ANN001 - write(tmp_dir)
+        tmp = self.checkpoints / f".tmp-step-{step:06d}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        write(tmp)
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+        final = self.checkpoints / f"step-{step:06d}"
+        os.replace(tmp, final)  # the commit: this update and its rollouts, together
+        fd = os.open(self.checkpoints, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+        return final
+
+    def reject(self, checkpoint: Path) -> None:
+        os.replace(checkpoint, self.root / "rejected" / f"{checkpoint.name}-{int(time.time())}")
+
+    def retire(self, keep: int) -> None:
+        """Keep the newest `keep` checkpoints (at least 2: the served one and its rollback); the
+        rollout ids of retired ones move to ledger/ first, so the ledger never forgets a step."""
+        for old in self.committed()[: -max(keep, 2)]:
+            if (old / "rollouts.parquet").exists():
+                os.replace(old / "rollouts.parquet", self.ledger_dir / f"{old.name}.parquet")
+            shutil.rmtree(old)

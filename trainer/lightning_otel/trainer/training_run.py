@@ -1,0 +1,325 @@
+"""One run of the scheduled training job (job.py has the config, the lock and the checkpoint store).
+
+Read top to bottom: lock, recover, load, make the servers serve the latest checkpoint, select,
+update, commit, swap + probe, retire, report. `fault(...)` marks the points the crash tests kill at.
+
+Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update (rows are
+sharded, gradients all-reduced: update.policy_update); rank 0 alone holds the lock, selects (and
+broadcasts the selection, so all ranks train on the same rollouts), checkpoints, swaps and reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+
+from lightning_otel.collector import connect
+from lightning_otel.core.gateway_client import GatewayAdminClient
+from lightning_otel.core.vllm_admin import server_root
+from lightning_otel.core import schema
+from lightning_otel.trainer.diagnostics import diagnose, publish
+from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
+from lightning_otel.trainer.config import TrainConfig
+from lightning_otel.trainer.checkpoints import FAULT_ENV, CheckpointStore, JobFailed, fault, run_lock
+from lightning_otel.trainer.policy import PolicyTrainer, StepResult
+from lightning_otel.trainer.rollout_data import SelectionConfig, select_rollouts
+
+log = logging.getLogger(__name__)
+PROBE_TEXT = "What is 2 + 3? Answer with the number."
+
+
+@dataclass
+class RunSummary:
+    status: str  # "trained", "nothing to do"
+    step: int | None = None
+    version: str | None = None
+    rollouts: int = 0
+    samples: int = 0
+    mean_reward: float | None = None
+    loss: float | None = None
+    swap_seconds: float | None = None
+    excluded: dict[str, str] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    def table(self) -> str:
+        """The human-readable summary printed at the end of a run."""
+        rows = [("status", self.status), ("step / version", f"{self.step} / {self.version}"), ("rollouts used", self.rollouts),
+                ("samples", self.samples), ("mean reward", _fmt(self.mean_reward)), ("loss", _fmt(self.loss)),
+                ("swap seconds", _fmt(self.swap_seconds)), ("rollouts excluded", len(self.excluded))]  # fmt: skip
+        rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
+        return "\n".join(f"{name:<20} {value}" for name, value in rows)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+@contextlib.contextmanager
+def _stage(summary: RunSummary, name: str, progress: bool):  # noqa: ANN202
+    """Time a stage into the summary; with progress on, say what runs now on stderr."""
+    if progress:
+        print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
+    began = time.perf_counter()
+    yield
+    summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
+
+
+def _weights(checkpoint: Path | None, config: TrainConfig) -> Path:
+    """What a server swaps in for this checkpoint: merged model weights, or the LoRA adapter."""
+    if checkpoint is None:
+        return Path(config.model.base)
+    return checkpoint / ("adapter" if config.model.lora_rank else "model")
+
+
+def _version(checkpoint: Path | None) -> str:
+    return json.loads((checkpoint / "state.json").read_text())["version"] if checkpoint is not None else "0"
+
+
+def _distributed() -> tuple[int, str | None]:
+    """Join torchrun's process group when there is one: (rank, device)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, None
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
+    return dist.get_rank(), device
+
+
+def _everyone(rank: int, value):  # noqa: ANN001, ANN202
+    """Rank 0's value on every rank (identity without a process group)."""
+    if not dist.is_initialized():
+        return value
+    box = [value if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None = None) -> PolicyTrainer:
+    lora = None
+    if config.model.lora_rank:
+        from peft import LoraConfig
+
+        lora = LoraConfig(r=config.model.lora_rank, lora_alpha=config.model.lora_alpha, init_lora_weights=True,
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
+    model_dir = latest / "model" if latest is not None and not config.model.lora_rank else Path(config.model.base)
+    trainer = PolicyTrainer(model_dir, config.checkpoints.dir, config.update, lora=lora, device=device,
+                            dtype=getattr(torch, config.model.dtype))  # fmt: skip
+    if latest is not None:
+        if config.model.lora_rank:
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            set_peft_model_state_dict(trainer.model, load_file(str(latest / "adapter" / "adapter_model.safetensors")))
+        trainer.optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
+        trainer.version = int(_version(latest))
+    return trainer
+
+
+@functools.lru_cache(maxsize=1)
+def _tokenizer(model_dir: str):  # noqa: ANN202 - a transformers tokenizer
+    """The policy's tokenizer, loaded once per run (probes and the merge diagnosis share it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def _probe_ids(config: TrainConfig) -> list[int]:
+    tokenizer = _tokenizer(config.model.base)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _served_name(config: TrainConfig, version: str) -> str:
+    return f"{config.model.served_model_name}@{version}" if config.model.lora_rank and version != "0" else config.model.served_model_name
+
+
+def _served_versions(config: TrainConfig) -> set[str | None]:
+    """The versions the replicas serve now (full weights: vLLM's weight version; LoRA: the adapters loaded)."""
+    if config.model.lora_rank:
+        versions = set()
+        for replica in config.server.replicas:
+            with urllib.request.urlopen(server_root(replica) + "/v1/models", timeout=30) as reply:  # noqa: S310
+                names = [m["id"] for m in json.loads(reply.read())["data"]]
+            prefix = config.model.served_model_name + "@"
+            loaded = [n[len(prefix) :] for n in names if n.startswith(prefix)]
+            versions.add(max(loaded, key=int) if loaded else "0")
+        return versions
+    return {VLLMAdmin(replica).weight_version() for replica in config.server.replicas}
+
+
+def _swap(config: TrainConfig, weights: Path, version: str, rollback: Path) -> float:
+    """Swap every replica to `weights` (through the gateway when there is one); returns seconds."""
+    began = time.perf_counter()
+    if config.server.gateway:
+        gateway = GatewayAdminClient(config.server.gateway, config.server.admin_token)
+        if config.model.lora_rank:
+            gateway.swap_lora(weights, version, config.model.served_model_name)
+        else:
+            gateway.swap_full(weights, version, rollback)
+    else:
+        for replica in config.server.replicas:
+            admin = VLLMAdmin(replica)
+            if config.model.lora_rank:
+                admin.load_lora(_served_name(config, version), weights)
+            else:
+                hot_swap(admin, weights, version, rollback)
+    return time.perf_counter() - began
+
+
+def _probe(config: TrainConfig, trainer: PolicyTrainer, version: str) -> None:
+    ids = _probe_ids(config)
+    for replica in config.server.replicas:
+        diff = probe_max_diff(VLLMAdmin(replica), _served_name(config, version), trainer.model, ids)
+        if not diff <= config.server.probe_tolerance:
+            raise JobFailed(f"{replica} serves logprobs {diff:.2e} away from the trainer's for version {version}")
+
+
+def _write_checkpoint(tmp: Path, trainer: PolicyTrainer, result: StepResult, config: TrainConfig) -> None:
+    if config.model.lora_rank:
+        trainer.model.save_pretrained(tmp / "adapter", safe_serialization=True)
+    else:
+        trainer.model.save_pretrained(tmp / "model", safe_serialization=True)
+    torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
+    ids = [r.rollout_id for r in result.selection.rollouts]
+    pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), tmp / "rollouts.parquet")
+    state = {"step": trainer.version, "version": str(trainer.version), "rollouts": len(ids), "created": time.time()}
+    (tmp / "state.json").write_text(json.dumps(state))
+
+
+def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:
+    """A train_step span and the merge diagnostics, into the same store as the traces."""
+    from lightning_otel.core.otlp import server_tracer_provider
+
+    provider = server_tracer_provider("lightning-trainer", config.store.otlp_endpoint)
+    tracer = provider.get_tracer("lightning_otel.trainer")
+    # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
+    records = diagnose(result.batch, _tokenizer(config.model.base))
+    metrics = result.metrics
+    attributes = {
+        schema.TRAIN_STEP: trainer.version, schema.TRAIN_VERSION: str(trainer.version),
+        schema.TRAIN_ROLLOUTS: len(result.selection.rollouts), schema.TRAIN_SAMPLES: len(result.batch.samples),
+        schema.TRAIN_MEAN_REWARD: result.mean_reward, schema.TRAIN_LOSS: metrics["loss"],
+        schema.TRAIN_CLIP_FRACTION: metrics["clip_fraction"], schema.TRAIN_ENTROPY: metrics["entropy"],
+        schema.TRAIN_KL: metrics["kl"], schema.TRAIN_GRAD_NORM: metrics["grad_norm"], schema.TRAIN_SWAP_SECONDS: swap_seconds,
+        schema.TRAIN_MERGE_RATE: sum(r.merged for r in records) / len(records) if records else 1.0,
+        schema.TRAIN_SAMPLES_PER_ROLLOUT: result.batch.samples_per_rollout_histogram(),
+    }  # fmt: skip
+    tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
+    publish(records, tracer)
+    provider.shutdown()
+
+
+def _corrupt(weights: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    for path in weights.glob("*.safetensors"):
+        tensors = {name: tensor + 0.5 * torch.randn_like(tensor) for name, tensor in load_file(str(path)).items()}
+        save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
+    """One scheduled run; `progress` prints stages and a micro-batch progress bar on stderr."""
+    if config.server.weight_push not in ("files", "nccl"):
+        raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
+    if config.server.weight_push == "nccl" and (config.server.gateway or config.model.lora_rank):
+        raise ValueError("[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA")
+    rank, device = _distributed()
+    lead = rank == 0
+    progress = progress and lead
+    state_dir = Path(config.checkpoints.dir)
+    summary = RunSummary("nothing to do")
+    with run_lock(state_dir) if lead else contextlib.nullcontext():
+        store = CheckpointStore(state_dir)
+        with _stage(summary, "load model", progress):
+            if lead:
+                store.recover()
+            latest = _everyone(rank, store.latest())
+            previous = store.committed()[-2] if lead and len(store.committed()) > 1 else None
+            trainer = _load_trainer(config, latest, device)
+        if lead and latest is not None and _served_versions(config) != {_version(latest)}:
+            log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)  # a crash after commit
+            with _stage(summary, "catch-up swap", progress):
+                _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
+                _probe(config, trainer, _version(latest))
+        if lead:
+            store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
+
+        selection = None
+        if lead:
+            with _stage(summary, "select rollouts", progress):
+                conn = connect(config.store.data_dir)
+                conn.register("lightning_trained", store.trained_ids())
+                selection = select_rollouts(conn, config=SelectionConfig(
+                    where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
+                    reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
+                    only_rewarded=True,
+                ))  # fmt: skip
+            fault("after_load")
+        selection = _everyone(rank, selection)
+        summary.excluded = selection.excluded
+        if len(selection.rollouts) < config.selection.min_rollouts:
+            return summary
+
+        with _stage(summary, "update", progress):
+            result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        if not lead:
+            dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
+            summary.status = "trained (worker)"
+            return summary
+        try:
+            _commit_and_swap(config, store, trainer, result, latest, summary, progress)
+        finally:
+            if dist.is_initialized():
+                dist.barrier()
+        summary.rollouts, summary.samples = len(selection.rollouts), len(result.batch.samples)
+        summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
+        return summary
+
+
+def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: PolicyTrainer, result: StepResult,
+                     latest: Path | None, summary: RunSummary, progress: bool) -> None:  # fmt: skip
+    """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
+    fault("mid_step")
+    with _stage(summary, "checkpoint", progress):
+        checkpoint = store.commit(trainer.version, lambda tmp: _write_checkpoint(tmp, trainer, result, config))
+    fault("after_checkpoint")
+    if os.environ.get(FAULT_ENV) == "corrupt_checkpoint":
+        _corrupt(_weights(checkpoint, config))  # tests: a loadable checkpoint with the wrong weights
+    version = str(trainer.version)
+    try:
+        with _stage(summary, "swap + probe", progress):
+            if config.server.weight_push == "nccl":
+                from lightning_otel.trainer.nccl_push import push_weights
+
+                began = time.perf_counter()
+                for replica in config.server.replicas:
+                    push_weights(replica, trainer.model, version)
+                swap_seconds = time.perf_counter() - began
+            else:
+                swap_seconds = _swap(config, _weights(checkpoint, config), version, _weights(latest, config))
+            _probe(config, trainer, version)
+    except Exception as failure:
+        # Put the previous weights back, forget this step: its rollouts return to the pool.
+        store.reject(checkpoint)
+        try:
+            _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
+        except Exception as rollback_failure:  # noqa: BLE001 - report both
+            raise JobFailed(f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}") from failure
+        raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
+    fault("after_swap")
+    store.retire(config.checkpoints.keep)
+    _report(config, trainer, result, swap_seconds)
+    summary.status, summary.step, summary.version, summary.swap_seconds = "trained", trainer.version, version, swap_seconds
