@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import base64
 import struct
-import sys
-from array import array
 from typing import Sequence
-
-_BIG_ENDIAN = sys.byteorder == "big"
 
 
 def _bytes_attributes_supported() -> bool:
@@ -57,14 +53,6 @@ def pack(typecode: str, values: Sequence) -> bytes:
     return struct.pack(f"<{len(values)}{typecode}", *values)
 
 
-def _unpack(typecode: str, data: bytes | str) -> list:
-    packed = array(typecode)
-    packed.frombytes(base64.b64decode(data, validate=True) if isinstance(data, str) else data)
-    if _BIG_ENDIAN:
-        packed.byteswap()
-    return packed.tolist()
-
-
 def attribute(data: bytes) -> bytes | str:
     """Bytes already packed (little-endian int32 ids or float64 logprobs) -> the attribute value."""
     return data if _encoding == "bytes" else base64.b64encode(data).decode("ascii")
@@ -78,11 +66,3 @@ def pack_ints(values: Sequence[int]) -> bytes | str:
 def pack_floats(values: Sequence[float]) -> bytes | str:
     """Logprobs -> packed attribute value (little-endian float64: exact)."""
     return attribute(pack("d", values))
-
-
-def unpack_ints(value: bytes | str) -> list[int]:
-    return _unpack("i", value)
-
-
-def unpack_floats(value: bytes | str) -> list[float]:
-    return _unpack("d", value)

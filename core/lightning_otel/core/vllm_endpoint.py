@@ -1,8 +1,8 @@
-"""What the agent side knows about a vLLM endpoint: is it vLLM, which weights is it serving,
-how to ask it for token ids and logprobs, and how to read them back.
+"""What a client of vLLM's OpenAI-compatible endpoints knows about one: is it vLLM, which weights is
+it serving, how to ask it for token ids and logprobs, and how to read them back.
 
-Shared by every integration (OpenAI SDK now; gateway and others later) so the request fields
-and the response layout of vLLM are spelled once. Standard library only: this runs in agents.
+Shared by every agent-side integration and the gateway, so vLLM's request fields and response layout
+are spelled once. Standard library only: this runs in agents.
 """
 
 from __future__ import annotations

@@ -26,12 +26,19 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
-from lightning_otel.instrumentation import options as options_module
-from lightning_otel.instrumentation import rollouts as rollouts_module
 from lightning_otel.core import schema
 from lightning_otel.core.otlp import export_timeout_s, traces_endpoint
 from lightning_otel.instrumentation.integrations import ALL as INTEGRATIONS
-from lightning_otel.instrumentation.options import CAPTURE_MODES, MIN_ATTRIBUTE_LENGTH, OPENAI_SPAN_MODES, Options
+from lightning_otel.instrumentation.options import (
+    CAPTURE_MODES,
+    MIN_ATTRIBUTE_LENGTH,
+    OPENAI_SPAN_MODES,
+    STATE,
+    CaptureMode,
+    OpenAISpans,
+    Options,
+    TokenEncoding,
+)
 from lightning_otel.instrumentation.otlp_encoding import encode_request
 from lightning_otel.instrumentation.rollouts import LightningSpanProcessor
 from lightning_otel.core.token_encoding import current as token_encoding_in_use
@@ -127,19 +134,16 @@ class Instrumentation:
         return self._exporter.failed if self._exporter else 0
 
 
-_state: Instrumentation | None = None
-_lock = threading.Lock()
-
-
 def instrument(
+    *,
     endpoint: str | None = None,
     service_name: str | None = None,
-    capture_tokens: str = "auto",
-    token_encoding: str = "auto",
+    capture_tokens: CaptureMode = "auto",
+    token_encoding: TokenEncoding = "auto",
     hide_inputs: bool = False,
     hide_outputs: bool = False,
     max_attribute_length: int | None = None,
-    openai_spans: str = "lean",
+    openai_spans: OpenAISpans = "lean",
 ) -> Instrumentation:
     """Configure tracing for this process and turn on the installed integrations.
 
@@ -162,15 +166,14 @@ def instrument(
       'openinference' (OpenInference's instrumentor, every attribute it records; README "Instrument
       an agent"). Other endpoints always use OpenInference's.
     """
-    global _state
     if capture_tokens not in CAPTURE_MODES:
         raise ValueError(f"capture_tokens must be one of {CAPTURE_MODES}, got {capture_tokens!r}")
     if openai_spans not in OPENAI_SPAN_MODES:
         raise ValueError(f"openai_spans must be one of {OPENAI_SPAN_MODES}, got {openai_spans!r}")
     _refuse_short_cap(max_attribute_length)
-    with _lock:
-        if _state is not None:
-            return _state
+    with STATE.lock:
+        if STATE.instrumentation is not None:
+            return STATE.instrumentation
         set_encoding(token_encoding)
         url = traces_endpoint(endpoint)
         current = trace.get_tracer_provider()
@@ -187,8 +190,9 @@ def instrument(
         _refuse_short_cap(cap)
         if cap is not None and token_encoding_in_use() == "base64":
             raise ValueError("an attribute length cap would cut base64-packed token ids; use token_encoding='bytes'")
-        chosen = options_module.current = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs,
-                                                  openai_spans=openai_spans, max_attribute_length=cap)  # fmt: skip
+        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs,
+                         openai_spans=openai_spans, max_attribute_length=cap)
+        STATE.options = chosen
         if provider is None:
             name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
             resource = Resource.create({schema.SERVICE_NAME: name, schema.SERVICE_INSTANCE_ID: uuid.uuid4().hex})
@@ -200,9 +204,9 @@ def instrument(
         provider.add_span_processor(processor)
         enabled = [integration.NAME for integration in INTEGRATIONS if _arm(integration, provider, chosen)]
         log.info("lightning_otel: exporting to %s; integrations: %s", url, ", ".join(enabled) or "none")
-        _state = Instrumentation(provider, url, enabled, chosen, processor, exporter)
-        rollouts_module.dropped_spans = lambda: processor.dropped(exporter)
-        return _state
+        STATE.dropped_spans = lambda: processor.dropped(exporter)
+        STATE.instrumentation = Instrumentation(provider, url, enabled, chosen, processor, exporter)
+        return STATE.instrumentation
 
 
 def _refuse_short_cap(cap: int | None) -> None:

