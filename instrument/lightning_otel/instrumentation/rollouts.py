@@ -96,7 +96,7 @@ def rollout(
             yield current
         finally:
             context_api.detach(token)
-            if dropped_spans is not None:  # so the store can show what the agent lost
+            if STATE.dropped_spans is not None:  # so the store can show what the agent lost
                 span.set_attribute(schema.SDK_DROPPED_SPANS, STATE.dropped_spans())
 
 
