@@ -124,7 +124,9 @@ def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], dev
             if not segment.is_prefix:  # a prefix carries no loss: its tokens are never generated
                 t["behaviour"][r, cols] = torch.from_numpy(np.asarray(sample.behaviour_logprobs[segment.start : end], dtype=np.float32))
                 t["weights"][r, cols] = torch.from_numpy(np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32))
-                t["advantages"][r, cols] = sample_advantages[segment.sample]
+                # via float64: an advantage past float32's range becomes inf (the update then refuses the
+                # step, update.NonFiniteUpdate) instead of an error here
+                t["advantages"][r, cols] = torch.tensor(sample_advantages[segment.sample], dtype=torch.float64).float()
                 t["generated"][r, cols] = torch.from_numpy(np.asarray(sample.loss_mask[segment.start : end]) > 0)
                 t["sample"][r, cols] = segment.sample
             if mask is not None:

@@ -79,8 +79,10 @@ def group_advantages_with_report(
     advantages, flat = [0.0] * len(rewards), []
     for group, indices in members.items():
         values = [rewards[i] for i in indices]
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+        mean = sum(v / len(values) for v in values)
+        # Scaled by the largest deviation: squares of rewards past ~1e154 would overflow float64.
+        scale = max(abs(v - mean) for v in values)
+        std = scale * math.sqrt(sum(((v - mean) / scale) ** 2 for v in values) / len(values)) if scale > 0 else 0.0
         if math.isclose(std, 0.0, abs_tol=ZERO_STD_ATOL):  # 0.1 + 0.2 vs 0.3 is no signal either
             flat.append(group)
             continue

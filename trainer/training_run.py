@@ -134,6 +134,9 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
             set_peft_model_state_dict(trainer.model, load_file(str(latest / "adapter" / "adapter_model.safetensors")))
         trainer.optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
         trainer.version = int(_version(latest))
+    if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
+        # Every loss would be NaN and every batch excluded as "at fault": refuse the model instead.
+        raise JobFailed(f"the model loaded from {latest or model_dir} holds non-finite weights")
     return trainer
 
 
