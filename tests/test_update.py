@@ -121,7 +121,7 @@ def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path
 
     here = Path(__file__).parent
     out = tmp_path / "params.pt"
-    env = {**os.environ, "PYTHONPATH": str(here), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), *filter(None, [os.environ.get("PYTHONPATH")])]), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
          str(here / "dist_update_worker.py"), str(tiny_model_dir), str(out)],
