@@ -149,3 +149,45 @@ def test_the_gateway_refuses_a_lora_adapter_holding_a_nan(tmp_path):
     with pytest.raises(SwapError, match="non-finite"):
         asyncio.run(swap_lora(gateway, {"model": "policy", "version": "1", "adapter_path": str(adapter)}))
     assert gateway.served == {}  # nothing pointed at it
+
+
+def test_a_direct_lora_swap_refuses_an_adapter_holding_an_infinity(tmp_path):
+    """Without a gateway the trainer loads adapters itself (training_run._swap): checked first too."""
+    from safetensors.torch import save_file
+
+    from lightning_otel.trainer.config import TrainConfig
+    from lightning_otel.trainer.training_run import _swap
+    from lightning_otel.vllm_admin import SwapError
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file({"lora_B": torch.tensor([float("-inf"), 0.5], dtype=torch.bfloat16)}, str(adapter / "adapter_model.safetensors"))
+    config = TrainConfig()
+    config.model.lora_rank, config.server.replicas = 8, ["http://127.0.0.1:9"]  # nothing listens there
+    with pytest.raises(SwapError, match="non-finite"):
+        _swap(config, adapter, "1", tmp_path / "previous")
+
+
+def test_a_step_that_leaves_non_finite_weights_or_a_non_finite_model_fails_the_run_and_commits_nothing(collector, tiny_model_dir, tmp_path):
+    """Finite gradients, yet an infinite learning rate (a public option) makes the weights non-finite:
+    the run fails before its checkpoint (the rollouts are not at fault, so none is excluded). A model
+    that loads with a NaN is refused the same way, before any rollout is looked at."""
+    from lightning_otel.trainer.config import TrainConfig
+    from lightning_otel.trainer.job import CheckpointStore, JobFailed
+    from lightning_otel.trainer.training_run import run_once
+
+    config = TrainConfig()
+    config.store.data_dir, config.store.otlp_endpoint = str(collector.data_dir), collector.http_endpoint + "/v1/traces"
+    config.model.base, config.checkpoints.dir = str(tiny_model_dir), str(tmp_path / "state")
+    config.selection.min_age_s, config.selection.max_rollouts, config.selection.where = 0.0, 2, "task_id = 'task-1'"
+    config.update.learning_rate = float("inf")
+    with pytest.raises(JobFailed, match="non-finite weights in .* nothing committed"):
+        run_once(config)
+    store = CheckpointStore(tmp_path / "state")
+    assert store.committed() == [] and store.excluded().num_rows == 0
+
+    broken = _model_copy(tiny_model_dir, tmp_path / "broken", torch.float32, float("nan"))
+    config.model.base, config.update.learning_rate = str(broken), 1e-3
+    with pytest.raises(JobFailed, match="holds non-finite weights"):
+        run_once(config)
+    assert store.committed() == [] and store.excluded().num_rows == 0
