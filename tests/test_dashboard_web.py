@@ -295,3 +295,28 @@ def test_server_module_imports_only_the_standard_library():
             "p = argparse.ArgumentParser(); s.add_parser(p.add_subparsers(), 'd'); "
             "print(sorted(m for m in ('duckdb', 'tokenizers', 'pyarrow') if m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_training_view_shows_what_was_left_out_of_training(page, tmp_path):
+    """input_diagnostics written by the trainer's own publisher, read back by the page and by SQL."""
+    from helpers import local_collector
+    from otlp_helpers import make_spans, post, request_bytes
+    from lightning_otel.trainer.diagnostics import InputRecord, publish_inputs
+
+    records = [InputRecord("r1", "invalid_behaviour_logprobs", "3 masked", span_id="s1", tokens=3),
+               InputRecord("r2", "invalid_behaviour_logprobs", "2 masked", span_id="s2", tokens=2),
+               InputRecord("r3", "non_finite_gradient", "non-finite gradient (loss nan)", excluded=True),
+               InputRecord("r4", "non_finite_reward", "non-finite reward nan", excluded=True)]
+    with local_collector(tmp_path / "data") as collector:
+        assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(lambda t: publish_inputs(records, t))))[0] == 200
+        collector.flush()
+    expected = connect(tmp_path / "data").execute(
+        "SELECT cause, coalesce(sum(tokens), 0), count(*) FILTER (WHERE excluded) FROM input_diagnostics GROUP BY cause").fetchall()
+    assert sorted(expected) == [("invalid_behaviour_logprobs", 5, 0), ("non_finite_gradient", 0, 1), ("non_finite_reward", 0, 1)]
+    with Dashboard(tmp_path / "data") as server:
+        open_view(page, server.url + "#training")
+        assert int(value_of(page, "masked-tokens")) == 5 and int(value_of(page, "excluded-rollouts")) == 2
+        shown = page.locator("table.left-out tbody tr").evaluate_all(
+            "rs => rs.map(r => [r.dataset.cause, r.querySelector('[data-col=tokens]').textContent,"
+            " r.querySelector('[data-col=rollouts]').textContent])")
+        assert sorted((cause, int(tokens), int(rollouts)) for cause, tokens, rollouts in shown) == sorted(expected)

@@ -103,9 +103,11 @@ def test_shared_prefix_rows_give_the_same_loss_and_gradient(tiny_model_dir):
 def one_update(model):
     """The update both the 1-process and the 2-process runs make (also used by dist_update_worker.py).
     SGD, so the update is linear in the gradient: Adam's first step is lr * sign(g), which would turn
-    float-rounding noise in near-zero gradients into lr-sized differences."""
+    float-rounding noise in near-zero gradients into lr-sized differences. No gradient clipping: a
+    clip scales any gradient to the same norm, so averaging instead of summing across processes
+    would give the same step."""
     batch = _batch(model)
-    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=0.5)
+    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=float("inf"))
     return policy_update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, config)
 
 
@@ -119,7 +121,7 @@ def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path
 
     here = Path(__file__).parent
     out = tmp_path / "params.pt"
-    env = {**os.environ, "PYTHONPATH": str(here), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), *filter(None, [os.environ.get("PYTHONPATH")])]), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
          str(here / "dist_update_worker.py"), str(tiny_model_dir), str(out)],

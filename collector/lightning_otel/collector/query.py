@@ -16,6 +16,9 @@ Views (docs/sql.md has columns and examples):
   train_steps  one row per optimizer step of the training job: reward, loss, clip fraction, swap time
   merge_diagnostics  one row per boundary between consecutive LLM calls, from the trainer: merged or
              not, first divergent position, classified cause
+  input_diagnostics  what the trainer left out and why: one row per LLM call with tokens masked out of
+             the loss (invalid behaviour logprobs), one per rollout excluded for good (non-finite
+             reward, non-finite gradient, ...)
 
 `sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
 or extension access outside the trace store, settings locked, and `check_read_only` refuses any
@@ -52,6 +55,7 @@ _TRAIN_COLUMNS = (
     ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"), ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
     ("kl", schema.TRAIN_KL, "DOUBLE"), ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
     ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"), ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
+    ("masked_calls", schema.TRAIN_MASKED_CALLS, "BIGINT"), ("masked_tokens", schema.TRAIN_MASKED_TOKENS, "BIGINT"),
 )  # fmt: skip
 
 
@@ -108,6 +112,15 @@ def view_statements(source: str) -> list[str]:
                    attributes[{_literal(schema.MERGE_REGION)}] AS region,
                    attributes[{_literal(schema.MERGE_DETAIL)}] AS detail
             FROM spans WHERE name = {_literal(schema.SPAN_MERGE_BOUNDARY)}""",
+        f"""CREATE OR REPLACE VIEW input_diagnostics AS
+            SELECT attributes[{_literal(schema.INPUT_ROLLOUT)}] AS rollout_id,
+                   start_time AS time, service_name,
+                   attributes[{_literal(schema.INPUT_SPAN)}] AS span_id,
+                   attributes[{_literal(schema.INPUT_CAUSE)}] AS cause,
+                   TRY_CAST(attributes[{_literal(schema.INPUT_TOKENS)}] AS BIGINT) AS tokens,
+                   coalesce(attributes[{_literal(schema.INPUT_EXCLUDED)}] = 'true', false) AS excluded,
+                   attributes[{_literal(schema.INPUT_DETAIL)}] AS detail
+            FROM spans WHERE name = {_literal(schema.SPAN_INPUT_DIAGNOSTIC)}""",
         f"""CREATE OR REPLACE VIEW train_steps AS
             SELECT start_time AS time, service_name,
                    {", ".join(f"TRY_CAST(attributes[{_literal(attr)}] AS {kind}) AS {column}" for column, attr, kind in _TRAIN_COLUMNS)}

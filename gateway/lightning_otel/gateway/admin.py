@@ -6,7 +6,7 @@ replica (new requests wait in the gateway), waits until its requests in flight h
 resume; rollback on failure), then dispatches again. A request is dispatched only while its
 replica's version is stable, so the version recorded at dispatch is the version that serves it.
 
-LoRA: the new adapter is loaded on every replica under a versioned name (`policy@7`); the gateway
+LoRA: the adapter is refused if it holds a NaN or an infinity; else it is loaded on every replica under a versioned name (`policy@7`); the gateway
 then points the logical model name (`policy`) at it for new requests, atomically; requests already
 running on the previous adapter finish on it, and it is unloaded once none is left.
 
@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from lightning_otel.core.auth import bearer_ok
-from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap
+from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap, require_finite
 
 _DRAIN_TIMEOUT_S = 600.0
 
@@ -65,6 +65,7 @@ async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
     model, version, path = body["model"], str(body["version"]), body["adapter_path"]
     name = f"{model}@{version}"
     began = time.perf_counter()
+    await asyncio.to_thread(require_finite, path)  # a NaN adapter is refused before any replica sees it
     for upstream in gateway.upstreams:
         await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).load_lora, name, path)
     previous = gateway.served.get(model)

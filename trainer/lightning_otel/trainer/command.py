@@ -38,7 +38,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(json.dumps({"status": summary.status, "step": summary.step, "version": summary.version, "rollouts": summary.rollouts,
                           "samples": summary.samples, "mean_reward": summary.mean_reward, "loss": summary.loss,
                           "swap_seconds": summary.swap_seconds, "excluded": len(summary.excluded),
-                          "stage_seconds": summary.stage_seconds}))  # fmt: skip
+                          "at_fault": summary.at_fault, "stage_seconds": summary.stage_seconds}))  # fmt: skip
     else:
         print(summary.table())
     return 0

@@ -12,10 +12,13 @@ class UpdateConfig:
     learning_rate: float = 1e-4
     eps_low: float = 0.2
     eps_high: float = 0.28
+    log_ratio_clamp: float = 20.0  # |logp_theta - logp_old| clamped before exp (verl's 20); inf: off
+    dual_clip: float = 3.0  # A < 0: the loss is at most c * |A| (verl's clip_ratio_c = 3); inf: off
+    behaviour_logprob_floor: float = -50.0  # lower behaviour logprobs are masked out of the loss (input_hygiene.py)
     scale_by_std: bool = True  # z-score advantages within a task (False: mean-only, Dr. GRPO)
     advantage_level: str = "rollout"  # or "sample" (ablation)
     normalization: str = "rollout"  # "rollout" | "sample" | "batch_token" | "fixed_length"
-    fixed_length: int | None = None  # L for fixed_length (default: the longest sample's generated tokens)
+    fixed_length: int | None = None  # L for fixed_length, a constant (TRL: max_completion_length); required there
     tis_cap: float | None = None  # truncated importance sampling against the trainer's own old logprobs
     kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model
     layout: str = "shared_prefix"  # "sorted" | "packed" | "shared_prefix" (layout.py)

@@ -96,14 +96,15 @@ def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) 
 
 def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], device: torch.device) -> dict[str, torch.Tensor]:  # noqa: ANN001
     """Input ids, position ids, the token each position is scored from (`source`, -1 for none),
-    behaviour logprobs, weights, advantages, generated flags, and a 4D mask when any row needs one."""
+    behaviour logprobs, weights, advantages, generated flags, the sample each loss-bearing position
+    belongs to (`sample`, -1 for none), and a 4D mask when any row needs one."""
     width = max(row.length for row in rows)
     shape = (len(rows), width)
     t = {
         "input_ids": torch.zeros(shape, dtype=torch.long), "position_ids": torch.zeros(shape, dtype=torch.long),
         "source": torch.full(shape, -1, dtype=torch.long), "behaviour": torch.zeros(shape, dtype=torch.float32),
         "weights": torch.zeros(shape, dtype=torch.float32), "advantages": torch.zeros(shape, dtype=torch.float32),
-        "generated": torch.zeros(shape, dtype=torch.bool),
+        "generated": torch.zeros(shape, dtype=torch.bool), "sample": torch.full(shape, -1, dtype=torch.long),
     }  # fmt: skip
     masked = any(row.masked for row in rows)
     mask = torch.zeros((len(rows), 1, width, width), dtype=torch.bool) if masked else None
@@ -123,8 +124,11 @@ def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], dev
             if not segment.is_prefix:  # a prefix carries no loss: its tokens are never generated
                 t["behaviour"][r, cols] = torch.from_numpy(np.asarray(sample.behaviour_logprobs[segment.start : end], dtype=np.float32))
                 t["weights"][r, cols] = torch.from_numpy(np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32))
-                t["advantages"][r, cols] = sample_advantages[segment.sample]
+                # via float64: an advantage past float32's range becomes inf (the update then refuses the
+                # step, update.NonFiniteUpdate) instead of an error here
+                t["advantages"][r, cols] = torch.tensor(sample_advantages[segment.sample], dtype=torch.float64).float()
                 t["generated"][r, cols] = torch.from_numpy(np.asarray(sample.loss_mask[segment.start : end]) > 0)
+                t["sample"][r, cols] = segment.sample
             if mask is not None:
                 mask[r, 0, cols, cols] = torch.tril(torch.ones(n, n, dtype=torch.bool))
                 if segment.parent is not None:

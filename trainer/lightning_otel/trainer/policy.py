@@ -3,20 +3,24 @@
 Algorithm (what runs, exactly):
  1. Select rollouts by SQL over the collector's `rollouts` view (`where`); rebuild each from
     its span tree; order its LLM calls causally (rollout_data.py).
- 2. Merge each rollout's calls into samples by the exact token-prefix rule; a failed prefix
-    check starts a new sample; only generated tokens carry loss (merge.py).
+ 2. Mask generated tokens whose behaviour logprob is NaN, infinite or below the floor
+    (input_hygiene.py); merge each rollout's calls into samples by the exact token-prefix rule;
+    a failed prefix check starts a new sample; only generated tokens carry loss (merge.py).
  3. GRPO advantage per *rollout*, normalized within its task id; every sample and token of a
     rollout shares it (objective.group_advantages).
- 4. PPO-clip surrogate against the behaviour logprobs vLLM returned at sampling time, with
-    rollout-level token-mean normalization: each rollout weighs 1/R whatever its number of
-    samples (objective.rollout_token_weights).
- 5. One AdamW step (gradient accumulated over micro-batches; grad-norm clipped).
- 6. Save the weights and hot-swap them into vLLM, validated, with rollback (hotswap.py).
+ 4. PPO-clip surrogate against the behaviour logprobs vLLM returned at sampling time, log-ratio
+    clamped and dual-clipped (objective.py's docstring has the math), with rollout-level
+    token-mean normalization: each rollout weighs 1/R whatever its number of samples
+    (objective.rollout_token_weights).
+ 5. One AdamW step (gradient accumulated over micro-batches; grad-norm clipped), or none when the
+    loss or gradient norm is not finite (update.NonFiniteUpdate).
+ 6. Save the weights and hot-swap them into vLLM, validated (names, shapes, dtypes, finite
+    values), with rollback (hotswap.py).
 
 How it departs from textbook GRPO: advantages and normalization are per rollout, not per
 sample (a rollout split into 3 samples weighs the same as one kept whole); the ratio's
 denominator is the sampler's own logprob (no recomputation), so off-policy drift between
-vLLM and the trainer is corrected by the ratio; no KL term; one gradient step per batch.
+vLLM and the trainer is corrected by the ratio; KL off by default; one gradient step per batch.
 """
 
 from __future__ import annotations

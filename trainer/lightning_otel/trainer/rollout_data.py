@@ -35,6 +35,17 @@ from lightning_otel.trainer.merge import LLMCall, first_divergence
 
 log = logging.getLogger(__name__)
 
+# Why select_rollouts excludes a rollout (Selection.excluded's values start with one of these).
+NO_REWARD = "no reward"
+NON_FINITE_REWARD = "non-finite reward"
+NO_TRAINABLE_CALL = "no LLM call with token ids and logprobs"
+_CAUSES = {NO_REWARD: "no_reward", NON_FINITE_REWARD: "non_finite_reward", NO_TRAINABLE_CALL: "no_trainable_call"}
+
+
+def exclusion_cause(reason: str) -> str:
+    """The cause name (input_diagnostics.cause) of one of Selection.excluded's reasons."""
+    return next((cause for prefix, cause in _CAUSES.items() if reason.startswith(prefix)), "other")
+
 
 @dataclass
 class SelectionConfig:
@@ -168,10 +179,10 @@ def select_rollouts(conn: duckdb.DuckDBPyConnection, where: str = "true", config
         first = rows[0]
         reward = scalars["reward"][first]
         if reward is None:
-            excluded[rollout_id] = "no reward"
+            excluded[rollout_id] = NO_REWARD
             continue
         if not math.isfinite(reward):
-            excluded[rollout_id] = f"non-finite reward {reward}"
+            excluded[rollout_id] = f"{NON_FINITE_REWARD} {reward}"
             continue
         record = RolloutRecord(rollout_id=rollout_id, task_id=scalars["task_id"][first], reward=float(reward))
         spans = [_SpanRow(i, scalars) for i in rows]
@@ -187,7 +198,7 @@ def select_rollouts(conn: duckdb.DuckDBPyConnection, where: str = "true", config
         for scope_calls in calls_by_scope.values():
             record.chains.extend(_chains(scope_calls))
         if not record.chains:
-            excluded[rollout_id] = "no LLM call with token ids and logprobs"
+            excluded[rollout_id] = NO_TRAINABLE_CALL
             continue
         rollouts.append(record)
     return Selection(rollouts=rollouts, excluded=excluded)

@@ -1,7 +1,13 @@
-"""One run of the scheduled training job (job.py has the config, the lock and the checkpoint store).
+"""One run of the scheduled training job (checkpoints.py has the lock and the checkpoint store).
 
 Read top to bottom: lock, recover, load, make the servers serve the latest checkpoint, select,
 update, commit, swap + probe, retire, report. `fault(...)` marks the points the crash tests kill at.
+
+Poison is never committed: rollouts no run can train on are recorded in the excluded ledger (checkpoints.py)
+as soon as they are found; a step whose loss or gradient is not finite is skipped (no step, no
+checkpoint, no swap: status "skipped: non-finite gradient") and its rollouts at fault excluded; a
+step that left a non-finite weight fails the run before anything is committed; and every swap path
+refuses a checkpoint holding a NaN or an infinity (vllm_admin.require_finite).
 
 Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update (rows are
 sharded, gradients all-reduced: update.policy_update); rank 0 alone holds the lock, selects (and
@@ -30,12 +36,14 @@ from lightning_otel.collector import connect
 from lightning_otel.core.gateway_client import GatewayAdminClient
 from lightning_otel.core.vllm_admin import server_root
 from lightning_otel.core import schema
-from lightning_otel.trainer.diagnostics import diagnose, publish
+from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
 from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
 from lightning_otel.trainer.config import TrainConfig
 from lightning_otel.trainer.checkpoints import FAULT_ENV, CheckpointStore, JobFailed, fault, run_lock
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
-from lightning_otel.trainer.rollout_data import SelectionConfig, select_rollouts
+from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
+from lightning_otel.trainer.update import UntrainableBatch
+from lightning_otel.core.vllm_admin import require_finite
 
 log = logging.getLogger(__name__)
 PROBE_TEXT = "What is 2 + 3? Answer with the number."
@@ -43,7 +51,7 @@ PROBE_TEXT = "What is 2 + 3? Answer with the number."
 
 @dataclass
 class RunSummary:
-    status: str  # "trained", "nothing to do"
+    status: str  # "trained", "nothing to do", "skipped: non-finite gradient", "skipped: no trainable token"
     step: int | None = None
     version: str | None = None
     rollouts: int = 0
@@ -52,6 +60,7 @@ class RunSummary:
     loss: float | None = None
     swap_seconds: float | None = None
     excluded: dict[str, str] = field(default_factory=dict)
+    at_fault: list[str] = field(default_factory=list)  # a skipped step's rollouts, now excluded for good
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def table(self) -> str:
@@ -59,6 +68,8 @@ class RunSummary:
         rows = [("status", self.status), ("step / version", f"{self.step} / {self.version}"), ("rollouts used", self.rollouts),
                 ("samples", self.samples), ("mean reward", _fmt(self.mean_reward)), ("loss", _fmt(self.loss)),
                 ("swap seconds", _fmt(self.swap_seconds)), ("rollouts excluded", len(self.excluded))]  # fmt: skip
+        if self.at_fault:
+            rows.append(("rollouts at fault", ", ".join(self.at_fault[:5]) + (" ..." if len(self.at_fault) > 5 else "")))
         rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
         return "\n".join(f"{name:<20} {value}" for name, value in rows)
 
@@ -125,6 +136,9 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
             set_peft_model_state_dict(trainer.model, load_file(str(latest / "adapter" / "adapter_model.safetensors")))
         trainer.optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
         trainer.version = int(_version(latest))
+    if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
+        # Every loss would be NaN and every batch excluded as "at fault": refuse the model instead.
+        raise JobFailed(f"the model loaded from {latest or model_dir} holds non-finite weights")
     return trainer
 
 
@@ -170,6 +184,8 @@ def _swap(config: TrainConfig, weights: Path, version: str, rollback: Path) -> f
         else:
             gateway.swap_full(weights, version, rollback)
     else:
+        if config.model.lora_rank:
+            require_finite(weights)  # hot_swap checks full weights; an adapter is checked here
         for replica in config.server.replicas:
             admin = VLLMAdmin(replica)
             if config.model.lora_rank:
@@ -199,12 +215,20 @@ def _write_checkpoint(tmp: Path, trainer: PolicyTrainer, result: StepResult, con
     (tmp / "state.json").write_text(json.dumps(state))
 
 
-def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:
-    """A train_step span and the merge diagnostics, into the same store as the traces."""
+def _report(config: TrainConfig, inputs: list[InputRecord], step: tuple[PolicyTrainer, StepResult, float] | None = None) -> None:
+    """The input diagnostics, and for a committed step (trainer, result, swap seconds) a train_step
+    span and the merge diagnostics, into the same store as the traces."""
     from lightning_otel.core.otlp import server_tracer_provider
 
     provider = server_tracer_provider("lightning-trainer", config.store.otlp_endpoint)
     tracer = provider.get_tracer("lightning_otel.trainer")
+    publish_inputs(inputs, tracer)
+    if step is not None:
+        _report_step(tracer, config, *step)
+    provider.shutdown()
+
+
+def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:  # noqa: ANN001
     # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
     records = diagnose(result.batch, _tokenizer(config.model.base))
     metrics = result.metrics
@@ -216,10 +240,12 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
         schema.TRAIN_KL: metrics["kl"], schema.TRAIN_GRAD_NORM: metrics["grad_norm"], schema.TRAIN_SWAP_SECONDS: swap_seconds,
         schema.TRAIN_MERGE_RATE: sum(r.merged for r in records) / len(records) if records else 1.0,
         schema.TRAIN_SAMPLES_PER_ROLLOUT: result.batch.samples_per_rollout_histogram(),
+        schema.TRAIN_MASKED_CALLS: len(result.batch.masked_calls),
+        schema.TRAIN_MASKED_TOKENS: sum(m.tokens for m in result.batch.masked_calls),
     }  # fmt: skip
     tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
     publish(records, tracer)
-    provider.shutdown()
+    publish_inputs(input_records(result.batch.masked_calls, {}), tracer)
 
 
 def _corrupt(weights: Path) -> None:
@@ -257,30 +283,50 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
         if lead:
             store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
 
-        selection = None
+        selection, inputs = None, []
         if lead:
             with _stage(summary, "select rollouts", progress):
                 conn = connect(config.store.data_dir)
-                conn.register("lightning_trained", store.trained_ids())
+                conn.register("lightning_trained", store.untrainable_ids())
                 selection = select_rollouts(conn, config=SelectionConfig(
                     where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
                     reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
                     only_rewarded=True,
                 ))  # fmt: skip
             fault("after_load")
+            # Excluded for good, so no later run selects them again (a missing reward may still come).
+            exclusions = {rid: (exclusion_cause(reason), reason) for rid, reason in selection.excluded.items()
+                          if exclusion_cause(reason) != "no_reward"}
+            store.exclude(exclusions)
+            inputs = input_records([], exclusions)
         selection = _everyone(rank, selection)
-        summary.excluded = selection.excluded
+        summary.excluded = dict(selection.excluded)
         if len(selection.rollouts) < config.selection.min_rollouts:
+            if lead and inputs:
+                _report(config, inputs)
             return summary
 
-        with _stage(summary, "update", progress):
-            result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        try:
+            with _stage(summary, "update", progress):
+                result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        except UntrainableBatch as failed:  # nothing stepped: exclude the rollouts at fault, commit nothing
+            summary.status, summary.at_fault = f"skipped: {failed.headline}", failed.rollout_ids
+            summary.excluded.update({rid: failed.reason for rid in failed.rollout_ids})
+            if lead:
+                exclusions = {rid: (failed.cause, failed.reason) for rid in failed.rollout_ids}
+                store.exclude(exclusions)
+                _report(config, inputs + input_records([], exclusions))
+            return summary
         if not lead:
             dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
             summary.status = "trained (worker)"
             return summary
         try:
-            _commit_and_swap(config, store, trainer, result, latest, summary, progress)
+            _commit_and_swap(config, store, trainer, result, latest, summary, progress, inputs)
+        except JobFailed:
+            if inputs:  # what this run excluded is in the ledger: say so in SQL too
+                _report(config, inputs)
+            raise
         finally:
             if dist.is_initialized():
                 dist.barrier()
@@ -290,9 +336,13 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
 
 
 def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: PolicyTrainer, result: StepResult,
-                     latest: Path | None, summary: RunSummary, progress: bool) -> None:  # fmt: skip
+                     latest: Path | None, summary: RunSummary, progress: bool, inputs: list[InputRecord]) -> None:  # fmt: skip
     """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
     fault("mid_step")
+    poisoned = [name for name, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
+    if poisoned:  # finite gradients, yet the step overflowed: the configuration, not the rollouts
+        raise JobFailed(f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
+                        "nothing committed or swapped (check [update] learning_rate and [model] dtype)")
     with _stage(summary, "checkpoint", progress):
         checkpoint = store.commit(trainer.version, lambda tmp: _write_checkpoint(tmp, trainer, result, config))
     fault("after_checkpoint")
@@ -321,5 +371,5 @@ def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: Polic
         raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
     fault("after_swap")
     store.retire(config.checkpoints.keep)
-    _report(config, trainer, result, swap_seconds)
+    _report(config, inputs, (trainer, result, swap_seconds))
     summary.status, summary.step, summary.version, summary.swap_seconds = "trained", trainer.version, version, swap_seconds
