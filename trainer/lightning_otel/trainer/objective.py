@@ -22,7 +22,8 @@ Per generated token t, with the log-ratio clamped to [-Lc, Lc] before it is expo
     l_t   = min(u_t, -c * A)      if A < 0                                 (dual-clip, c > 1)
     [+ beta * KL_t]
 So d l_t / d logp_theta(t) is 0 wherever a clip is active and at most max(1 + eps_high, c) * |A| in
-size otherwise: no single token can dominate the update, whatever its behaviour logprob. The clamp
+size otherwise (times at most C with TIS; the KL term aside): no single token can dominate the
+update, whatever its behaviour logprob. The clamp
 keeps exp() finite (an inf ratio times a zero gradient would be NaN). Lc = inf or c = inf turns
 either off; defaults Lc = 20, c = 3 (verl's).
 logp_old is the behaviour logprob vLLM returned at sampling time, or, with truncated importance
