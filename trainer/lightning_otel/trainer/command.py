@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 
 from lightning_otel.trainer.config import add_flags
 
@@ -15,17 +16,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="one scheduled training run: select, update, checkpoint, swap, exit")
     add_flags(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line, without progress output")
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=train)
 
 
-def _cmd_train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, on_stage: Callable[[str], None] | None = None) -> int:
+    """Run it; exit status 0 done or nothing to do, 1 failed, 3 another run holds the lock.
+    `on_stage(name)` is called as each stage of the run ends (training_run.run_once)."""
     from lightning_otel.trainer.config import load_config
     from lightning_otel.trainer.checkpoints import JobFailed, LockHeld
     from lightning_otel.trainer.training_run import run_once
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     try:
-        summary = run_once(load_config(args.config, overrides), progress=not args.json)
+        summary = run_once(load_config(args.config, overrides), progress=not args.json, on_stage=on_stage)
     except LockHeld as exc:
         print(f"lightning-otel train: {exc}", file=sys.stderr)
         return 3

@@ -1,17 +1,34 @@
-"""One run of the scheduled training job (checkpoints.py has the lock and the checkpoint store).
+"""One run of the scheduled training job: the training algorithm, stated once, in the order it runs.
+objective.py holds the math (advantages, the clipped surrogate, the token weights).
 
-Read top to bottom: lock, recover, load, make the servers serve the latest checkpoint, select,
-update, commit, swap + probe, retire, report. `fault(...)` marks the points the crash tests kill at.
+ 1. Select (rollout_data.py): SQL over the collector's `rollouts` view picks rewarded rollouts, quiet
+    for `min_age_s`, not trained on or excluded before; each is rebuilt from its span tree into
+    chains of LLM calls that did not overlap in time.
+ 2. Build (update.build_batch): generated tokens whose behaviour logprob is NaN, infinite or below
+    the floor are masked (input_hygiene.py); each chain's calls merge into samples by the exact
+    token-prefix rule (merge.py); GRPO advantage per rollout within its task; per-token weights
+    1 / (R * T_r), fixed for the whole batch before it is cut into micro-batches or shared out.
+ 3. Update (update.policy_update): the PPO-clip surrogate against vLLM's behaviour logprobs,
+    log-ratio clamped and dual-clipped; gradients accumulated over micro-batches (and summed across
+    torchrun ranks); one AdamW step, or none when the loss or gradient norm is not finite.
+ 4. Checkpoint (checkpoints.py): model or adapter, optimizer, step and the rollout ids it trained on,
+    renamed into place together: the commit of exactly-once.
+ 5. Swap: every replica (through the gateway when there is one) loads it, validated and finite,
+    with rollback.
+ 6. Probe: each replica's logprobs on a fixed prompt must match the trainer's; else the servers go
+    back to the previous checkpoint and this one is rejected (its rollouts return to the pool).
 
-Poison is never committed: rollouts no run can train on are recorded in the excluded ledger (checkpoints.py)
-as soon as they are found; a step whose loss or gradient is not finite is skipped (no step, no
-checkpoint, no swap: status "skipped: non-finite gradient") and its rollouts at fault excluded; a
-step that left a non-finite weight fails the run before anything is committed; and every swap path
-refuses a checkpoint holding a NaN or an infinity (vllm_admin.require_finite).
+Around them: the lock, recovery of what a crash left, a catch-up swap when the servers do not serve
+the latest commit, retention, and a report (train_step, merge and input diagnostic spans).
+`on_stage(name)`, if given, is called as each stage ends.
 
-Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update (rows are
-sharded, gradients all-reduced: update.policy_update); rank 0 alone holds the lock, selects (and
-broadcasts the selection, so all ranks train on the same rollouts), checkpoints, swaps and reports.
+Poison is never committed: rollouts no run can train on go to the excluded ledger as soon as they
+are found; a step whose loss or gradient is not finite is skipped (status "skipped: non-finite
+gradient") and its rollouts excluded; a step that left a non-finite weight fails the run before
+anything is committed; every swap path refuses a checkpoint holding a NaN or an infinity.
+
+Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update; rank 0
+alone holds the lock, selects (and broadcasts the selection), checkpoints, swaps and reports.
 """
 
 from __future__ import annotations
@@ -24,6 +41,7 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +57,7 @@ from lightning_otel.core import schema
 from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
 from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
 from lightning_otel.trainer.config import TrainConfig
-from lightning_otel.trainer.checkpoints import FAULT_ENV, CheckpointStore, JobFailed, fault, run_lock
+from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
 from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
 from lightning_otel.trainer.update import UntrainableBatch
@@ -78,14 +96,22 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-@contextlib.contextmanager
-def _stage(summary: RunSummary, name: str, progress: bool):  # noqa: ANN202
-    """Time a stage into the summary; with progress on, say what runs now on stderr."""
-    if progress:
-        print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
-    began = time.perf_counter()
-    yield
-    summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
+class _Stages:
+    """Times each stage into the summary; with progress on, says what runs now on stderr; calls
+    `on_stage(name)` as a stage ends."""
+
+    def __init__(self, summary: RunSummary, progress: bool, on_stage: Callable[[str], None] | None) -> None:
+        self.summary, self.progress, self.on_stage = summary, progress, on_stage
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.progress:
+            print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        yield
+        self.summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
+        if self.on_stage is not None:
+            self.on_stage(name)
 
 
 def _weights(checkpoint: Path | None, config: TrainConfig) -> Path:
@@ -203,18 +229,6 @@ def _probe(config: TrainConfig, trainer: PolicyTrainer, version: str) -> None:
             raise JobFailed(f"{replica} serves logprobs {diff:.2e} away from the trainer's for version {version}")
 
 
-def _write_checkpoint(tmp: Path, trainer: PolicyTrainer, result: StepResult, config: TrainConfig) -> None:
-    if config.model.lora_rank:
-        trainer.model.save_pretrained(tmp / "adapter", safe_serialization=True)
-    else:
-        trainer.model.save_pretrained(tmp / "model", safe_serialization=True)
-    torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
-    ids = [r.rollout_id for r in result.selection.rollouts]
-    pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), tmp / "rollouts.parquet")
-    state = {"step": trainer.version, "version": str(trainer.version), "rollouts": len(ids), "created": time.time()}
-    (tmp / "state.json").write_text(json.dumps(state))
-
-
 def _report(config: TrainConfig, inputs: list[InputRecord], step: tuple[PolicyTrainer, StepResult, float] | None = None) -> None:
     """The input diagnostics, and for a committed step (trainer, result, swap seconds) a train_step
     span and the merge diagnostics, into the same store as the traces."""
@@ -248,15 +262,7 @@ def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: St
     publish_inputs(input_records(result.batch.masked_calls, {}), tracer)
 
 
-def _corrupt(weights: Path) -> None:
-    from safetensors.torch import load_file, save_file
-
-    for path in weights.glob("*.safetensors"):
-        tensors = {name: tensor + 0.5 * torch.randn_like(tensor) for name, tensor in load_file(str(path)).items()}
-        save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
+def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[str], None] | None = None) -> RunSummary:
     """One scheduled run; `progress` prints stages and a micro-batch progress bar on stderr."""
     if config.server.weight_push not in ("files", "nccl"):
         raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
@@ -267,9 +273,10 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
     progress = progress and lead
     state_dir = Path(config.checkpoints.dir)
     summary = RunSummary("nothing to do")
+    stages = _Stages(summary, progress, on_stage)
     with run_lock(state_dir) if lead else contextlib.nullcontext():
         store = CheckpointStore(state_dir)
-        with _stage(summary, "load model", progress):
+        with stages("load model"):
             if lead:
                 store.recover()
             latest = _everyone(rank, store.latest())
@@ -277,7 +284,7 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
             trainer = _load_trainer(config, latest, device)
         if lead and latest is not None and _served_versions(config) != {_version(latest)}:
             log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)  # a crash after commit
-            with _stage(summary, "catch-up swap", progress):
+            with stages("catch-up swap"):
                 _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
                 _probe(config, trainer, _version(latest))
         if lead:
@@ -285,7 +292,7 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
 
         selection, inputs = None, []
         if lead:
-            with _stage(summary, "select rollouts", progress):
+            with stages("select rollouts"):
                 conn = connect(config.store.data_dir)
                 conn.register("lightning_trained", store.untrainable_ids())
                 selection = select_rollouts(conn, config=SelectionConfig(
@@ -293,7 +300,6 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
                     reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
                     only_rewarded=True,
                 ))  # fmt: skip
-            fault("after_load")
             # Excluded for good, so no later run selects them again (a missing reward may still come).
             exclusions = {rid: (exclusion_cause(reason), reason) for rid, reason in selection.excluded.items()
                           if exclusion_cause(reason) != "no_reward"}
@@ -307,7 +313,7 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
             return summary
 
         try:
-            with _stage(summary, "update", progress):
+            with stages("update"):
                 result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
         except UntrainableBatch as failed:  # nothing stepped: exclude the rollouts at fault, commit nothing
             summary.status, summary.at_fault = f"skipped: {failed.headline}", failed.rollout_ids
@@ -322,7 +328,7 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
             summary.status = "trained (worker)"
             return summary
         try:
-            _commit_and_swap(config, store, trainer, result, latest, summary, progress, inputs)
+            _commit_and_swap(config, store, trainer, result, latest, summary, stages, inputs)
         except JobFailed:
             if inputs:  # what this run excluded is in the ledger: say so in SQL too
                 _report(config, inputs)
@@ -336,21 +342,20 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
 
 
 def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: PolicyTrainer, result: StepResult,
-                     latest: Path | None, summary: RunSummary, progress: bool, inputs: list[InputRecord]) -> None:  # fmt: skip
+                     latest: Path | None, summary: RunSummary, stages: _Stages, inputs: list[InputRecord]) -> None:  # fmt: skip
     """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
-    fault("mid_step")
     poisoned = [name for name, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
     if poisoned:  # finite gradients, yet the step overflowed: the configuration, not the rollouts
         raise JobFailed(f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
                         "nothing committed or swapped (check [update] learning_rate and [model] dtype)")
-    with _stage(summary, "checkpoint", progress):
-        checkpoint = store.commit(trainer.version, lambda tmp: _write_checkpoint(tmp, trainer, result, config))
-    fault("after_checkpoint")
-    if os.environ.get(FAULT_ENV) == "corrupt_checkpoint":
-        _corrupt(_weights(checkpoint, config))  # tests: a loadable checkpoint with the wrong weights
+    with stages("checkpoint"):
+        rollout_ids = [r.rollout_id for r in result.selection.rollouts]
+        checkpoint = store.commit(
+            trainer.version, lambda tmp: trainer.write_checkpoint(tmp, rollout_ids, adapter_only=config.model.lora_rank > 0)
+        )
     version = str(trainer.version)
     try:
-        with _stage(summary, "swap + probe", progress):
+        with stages("swap + probe"):
             if config.server.weight_push == "nccl":
                 from lightning_otel.trainer.nccl_push import push_weights
 
@@ -369,7 +374,6 @@ def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: Polic
         except Exception as rollback_failure:  # noqa: BLE001 - report both
             raise JobFailed(f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}") from failure
         raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
-    fault("after_swap")
     store.retire(config.checkpoints.keep)
     _report(config, inputs, (trainer, result, swap_seconds))
     summary.status, summary.step, summary.version, summary.swap_seconds = "trained", trainer.version, version, swap_seconds
