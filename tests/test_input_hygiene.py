@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.trainer.input_hygiene import invalid_behaviour_logprobs, screen_call
@@ -37,8 +37,12 @@ def test_reconstructed_calls_keep_their_nan_logprobs_and_are_not_reported():
     assert (report.tokens, report.nan, report.infinite, report.below_floor, report.lowest) == (2, 1, 0, 1, -9999.0)
     assert report.detail == "2 behaviour logprob(s) masked: 1 NaN, 1 below -50 (lowest -9999)"
     # the rebuilt call trains (on-policy): its tokens keep the loss mask; the recorded one loses two
-    batch = build_batch(Selection([RolloutRecord("a", "t", 1.0, [[rebuilt]]), RolloutRecord("b", "t", 0.0, [[recorded]])], {}))
-    assert batch.samples[0].loss_mask.tolist() == [0, 0, 1, 1] and np.isnan(batch.samples[0].behaviour_logprobs[2:]).all()
+    batch = build_batch(
+        Selection([RolloutRecord("a", "t", 1.0, [[rebuilt]]), RolloutRecord("b", "t", 0.0, [[recorded]])], {})
+    )
+    assert (
+        batch.samples[0].loss_mask.tolist() == [0, 0, 1, 1] and np.isnan(batch.samples[0].behaviour_logprobs[2:]).all()
+    )
     assert batch.samples[1].loss_mask.tolist() == [0, 0, 0, 1, 0]
     assert batch.token_weights[1].tolist() == [0, 0, 0, 0.5, 0]  # R = 2 rollouts, T_b = 1 token left
     assert [m.span_id for m in batch.masked_calls] == ["c"]
@@ -60,9 +64,16 @@ def poisoned_store(tmp_path):
 
     def build(tracer):
         def call(identity, prompt_ids, completion, logprobs):
-            tracer.start_span("ChatCompletion", attributes={
-                **identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: prompt_ids,
-                schema.COMPLETION_TOKEN_IDS: completion, schema.COMPLETION_LOGPROBS: logprobs}).end()
+            tracer.start_span(
+                "ChatCompletion",
+                attributes={
+                    **identity,
+                    schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                    schema.PROMPT_TOKEN_IDS: prompt_ids,
+                    schema.COMPLETION_TOKEN_IDS: completion,
+                    schema.COMPLETION_LOGPROBS: logprobs,
+                },
+            ).end()
 
         for rollout_id, reward in (("poisoned", 0.0), ("clean-1", 1.0), ("clean-2", 0.5), ("nan-reward", math.nan)):
             identity = {schema.ROLLOUT_ID: rollout_id, schema.TASK_ID: "t"}
@@ -71,7 +82,9 @@ def poisoned_store(tmp_path):
                 call(identity, prompt + first + [7, 8], [201, 202, 203], AFTER_TOOL)  # [7, 8]: a tool's output
             else:
                 call(identity, prompt, [150 + len(rollout_id), 160, 170], [-6.0, -6.0, -6.0])
-            tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}
+            ).end()
 
     with local_collector(tmp_path / "data") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -79,7 +92,9 @@ def poisoned_store(tmp_path):
         yield collector
 
 
-def test_poisoned_logprobs_through_select_build_update_leave_finite_weights_and_rows_in_sql(poisoned_store, tiny_model_dir, tmp_path):
+def test_poisoned_logprobs_through_select_build_update_leave_finite_weights_and_rows_in_sql(
+    poisoned_store, tiny_model_dir, tmp_path
+):
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -91,7 +106,9 @@ def test_poisoned_logprobs_through_select_build_update_leave_finite_weights_and_
     selection = select_rollouts(conn)
     assert sorted(r.rollout_id for r in selection.rollouts) == ["clean-1", "clean-2", "poisoned"]
     assert selection.excluded == {"nan-reward": "non-finite reward nan"}
-    poisoned_span = conn.execute("SELECT span_id FROM llm_calls WHERE rollout_id = 'poisoned' ORDER BY start_time").fetchall()[0][0]
+    poisoned_span = conn.execute(
+        "SELECT span_id FROM llm_calls WHERE rollout_id = 'poisoned' ORDER BY start_time"
+    ).fetchall()[0][0]
 
     trainer = PolicyTrainer(tiny_model_dir, tmp_path / "work", UpdateConfig(learning_rate=1e-3))
     before = [p.detach().clone() for p in trainer.model.parameters()]
@@ -103,22 +120,52 @@ def test_poisoned_logprobs_through_select_build_update_leave_finite_weights_and_
     # -40 token's ratio is clamped and clipped, the three others carry no loss at all.
     assert 0 < result.metrics["grad_norm"] < 10, result.metrics["grad_norm"]
     [masked] = result.batch.masked_calls
-    assert (masked.span_id, masked.tokens, masked.nan, masked.infinite, masked.below_floor) == (poisoned_span, 3, 1, 1, 1)
-    sample = next(s for s, r in zip(result.batch.samples, result.batch.rollout_of_sample) if result.batch.rollout_ids[r] == "poisoned")
+    assert (masked.span_id, masked.tokens, masked.nan, masked.infinite, masked.below_floor) == (
+        poisoned_span,
+        3,
+        1,
+        1,
+        1,
+    )
+    sample = next(
+        s
+        for s, r in zip(result.batch.samples, result.batch.rollout_of_sample)
+        if result.batch.rollout_ids[r] == "poisoned"
+    )
     generated = np.flatnonzero(sample.loss_mask).tolist()
-    assert generated == [12, 14, 17, 20, 21, 22]  # the -inf, NaN and -9999 tokens (13, 15, 16) and the tool's 18, 19 are out
+    assert generated == [
+        12,
+        14,
+        17,
+        20,
+        21,
+        22,
+    ]  # the -inf, NaN and -9999 tokens (13, 15, 16) and the tool's 18, 19 are out
     assert result.metrics["masked_tokens"] == 3 and result.metrics["masked_calls"] == 1
 
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=poisoned_store.http_endpoint + "/v1/traces")))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=poisoned_store.http_endpoint + "/v1/traces"))
+    )
     exclusions = {rid: (exclusion_cause(reason), reason) for rid, reason in selection.excluded.items()}
     publish_inputs(input_records(result.batch.masked_calls, exclusions), provider.get_tracer("test"))
     provider.shutdown()
     poisoned_store.flush()
-    rows = connect(poisoned_store.data_dir).execute(
-        "SELECT rollout_id, span_id, cause, tokens, excluded, detail FROM input_diagnostics ORDER BY rollout_id").fetchall()
+    rows = (
+        connect(poisoned_store.data_dir)
+        .execute(
+            "SELECT rollout_id, span_id, cause, tokens, excluded, detail FROM input_diagnostics ORDER BY rollout_id"
+        )
+        .fetchall()
+    )
     assert rows == [
         ("nan-reward", None, "non_finite_reward", None, True, "non-finite reward nan"),
-        ("poisoned", poisoned_span, "invalid_behaviour_logprobs", 3, False,
-         "3 behaviour logprob(s) masked: 1 NaN, 1 infinite, 1 below -50 (lowest -9999)"),
+        (
+            "poisoned",
+            poisoned_span,
+            "invalid_behaviour_logprobs",
+            3,
+            False,
+            "3 behaviour logprob(s) masked: 1 NaN, 1 infinite, 1 below -50 (lowest -9999)",
+        ),
     ]

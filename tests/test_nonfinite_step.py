@@ -11,9 +11,9 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.trainer.merge import LLMCall
@@ -29,8 +29,12 @@ def test_a_non_finite_gradient_takes_no_step_and_names_the_rollouts_at_fault(tin
     from lightning_otel.trainer.policy import PolicyTrainer
 
     trainer = PolicyTrainer(tiny_model_dir, tmp_path, UpdateConfig(learning_rate=1e-2, scale_by_std=False))
-    rollouts = [RolloutRecord("huge", "a", 1e300, _calls(0)), RolloutRecord("zero", "a", 0.0, _calls(1)),
-                RolloutRecord("fine-1", "b", 1.0, _calls(2)), RolloutRecord("fine-2", "b", 0.0, _calls(3))]
+    rollouts = [
+        RolloutRecord("huge", "a", 1e300, _calls(0)),
+        RolloutRecord("zero", "a", 0.0, _calls(1)),
+        RolloutRecord("fine-1", "b", 1.0, _calls(2)),
+        RolloutRecord("fine-2", "b", 0.0, _calls(3)),
+    ]
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     with pytest.raises(NonFiniteUpdate, match="non-finite gradient") as failure:
         trainer.train_on(Selection(rollouts, {}))
@@ -49,16 +53,32 @@ def collector(tmp_path):
     behaviour logprob; rollout 'nan' has a NaN reward. A real collector stores them."""
 
     def build(tracer):
-        for index, (rollout_id, task, reward) in enumerate([
-            ("huge", "task-0", 1e300), ("zero", "task-0", 0.0), ("fine-1", "task-1", 1.0), ("fine-2", "task-1", 0.0),
-            ("late-1", "task-2", 0.25), ("late-2", "task-2", 0.75), ("nan", "task-3", float("nan")),
-        ]):
+        for index, (rollout_id, task, reward) in enumerate(
+            [
+                ("huge", "task-0", 1e300),
+                ("zero", "task-0", 0.0),
+                ("fine-1", "task-1", 1.0),
+                ("fine-2", "task-1", 0.0),
+                ("late-1", "task-2", 0.25),
+                ("late-2", "task-2", 0.75),
+                ("nan", "task-3", float("nan")),
+            ]
+        ):
             identity = {schema.ROLLOUT_ID: rollout_id, schema.TASK_ID: task}
             logprobs = [-6.0, float("nan"), -6.0] if rollout_id == "late-2" else [-6.0] * 3
-            tracer.start_span("ChatCompletion", attributes={
-                **identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: [5, 6, 7, 8],
-                schema.COMPLETION_TOKEN_IDS: [40 + index, 41, 42], schema.COMPLETION_LOGPROBS: logprobs}).end()
-            tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}).end()
+            tracer.start_span(
+                "ChatCompletion",
+                attributes={
+                    **identity,
+                    schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                    schema.PROMPT_TOKEN_IDS: [5, 6, 7, 8],
+                    schema.COMPLETION_TOKEN_IDS: [40 + index, 41, 42],
+                    schema.COMPLETION_LOGPROBS: logprobs,
+                },
+            ).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}
+            ).end()
 
     with local_collector(tmp_path / "traces") as running:
         assert post(running.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -66,9 +86,11 @@ def collector(tmp_path):
         yield running
 
 
-def test_a_skipped_step_commits_nothing_excludes_its_rollouts_and_the_next_run_trains(collector, tiny_model_dir, tmp_path):
-    from lightning_otel.trainer.config import TrainConfig
+def test_a_skipped_step_commits_nothing_excludes_its_rollouts_and_the_next_run_trains(
+    collector, tiny_model_dir, tmp_path
+):
     from lightning_otel.trainer.checkpoints import CheckpointStore
+    from lightning_otel.trainer.config import TrainConfig
     from lightning_otel.trainer.training_run import run_once
 
     config = TrainConfig()
@@ -96,9 +118,15 @@ def test_a_skipped_step_commits_nothing_excludes_its_rollouts_and_the_next_run_t
 
     collector.flush()
     conn = connect(collector.data_dir)
-    rows = conn.execute("SELECT rollout_id, cause, tokens, excluded FROM input_diagnostics ORDER BY rollout_id").fetchall()
-    assert rows == [("huge", "non_finite_gradient", None, True), ("late-2", "invalid_behaviour_logprobs", 1, False),
-                    ("nan", "non_finite_reward", None, True), ("zero", "non_finite_gradient", None, True)]
+    rows = conn.execute(
+        "SELECT rollout_id, cause, tokens, excluded FROM input_diagnostics ORDER BY rollout_id"
+    ).fetchall()
+    assert rows == [
+        ("huge", "non_finite_gradient", None, True),
+        ("late-2", "invalid_behaviour_logprobs", 1, False),
+        ("nan", "non_finite_reward", None, True),
+        ("zero", "non_finite_gradient", None, True),
+    ]
     assert conn.execute("SELECT step, masked_calls, masked_tokens FROM train_steps").fetchall() == [(1, 1, 1)]
 
 
@@ -109,7 +137,9 @@ def _model_copy(source, out, dtype, poison: float | None = None):
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(source, out)
-    tensors = {name: tensor.to(dtype).contiguous() for name, tensor in load_file(str(out / "model.safetensors")).items()}
+    tensors = {
+        name: tensor.to(dtype).contiguous() for name, tensor in load_file(str(out / "model.safetensors")).items()
+    }
     if poison is not None:
         tensors[sorted(tensors)[3]].view(-1)[11] = poison
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -139,8 +169,8 @@ def test_the_gateway_refuses_a_lora_adapter_holding_a_nan(tmp_path):
 
     from safetensors.torch import save_file
 
-    from lightning_otel.gateway.admin import swap_lora
     from lightning_otel.core.vllm_admin import SwapError
+    from lightning_otel.gateway.admin import swap_lora
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()
@@ -155,25 +185,29 @@ def test_a_direct_lora_swap_refuses_an_adapter_holding_an_infinity(tmp_path):
     """Without a gateway the trainer loads adapters itself (training_run._swap): checked first too."""
     from safetensors.torch import save_file
 
+    from lightning_otel.core.vllm_admin import SwapError
     from lightning_otel.trainer.config import TrainConfig
     from lightning_otel.trainer.training_run import _swap
-    from lightning_otel.core.vllm_admin import SwapError
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()
-    save_file({"lora_B": torch.tensor([float("-inf"), 0.5], dtype=torch.bfloat16)}, str(adapter / "adapter_model.safetensors"))
+    save_file(
+        {"lora_B": torch.tensor([float("-inf"), 0.5], dtype=torch.bfloat16)}, str(adapter / "adapter_model.safetensors")
+    )
     config = TrainConfig()
     config.model.lora_rank, config.server.replicas = 8, ["http://127.0.0.1:9"]  # nothing listens there
     with pytest.raises(SwapError, match="non-finite"):
         _swap(config, adapter, "1", tmp_path / "previous")
 
 
-def test_a_step_that_leaves_non_finite_weights_or_a_non_finite_model_fails_the_run_and_commits_nothing(collector, tiny_model_dir, tmp_path):
+def test_a_step_that_leaves_non_finite_weights_or_a_non_finite_model_fails_the_run_and_commits_nothing(
+    collector, tiny_model_dir, tmp_path
+):
     """Finite gradients, yet an infinite learning rate (a public option) makes the weights non-finite:
     the run fails before its checkpoint (the rollouts are not at fault, so none is excluded). A model
     that loads with a NaN is refused the same way, before any rollout is looked at."""
-    from lightning_otel.trainer.config import TrainConfig
     from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed
+    from lightning_otel.trainer.config import TrainConfig
     from lightning_otel.trainer.training_run import run_once
 
     config = TrainConfig()

@@ -46,7 +46,7 @@ def test_rollout_level_loss_is_mean_over_rollouts_of_token_means():
     rollout_of_sample = [0, 1, 1]
     losses = [[2.0, 4.0], [1.0], [3.0, 5.0, 7.0]]
     weights = rollout_token_weights(masks, rollout_of_sample)
-    total = sum(w * l for ws, ls in zip(weights, losses) for w, l in zip(ws, ls))
+    total = sum(w * loss for ws, ls in zip(weights, losses) for w, loss in zip(ws, ls))
     # rollout 0 mean = 3, rollout 1 mean = (1+3+5+7)/4 = 4 -> (3 + 4) / 2
     assert total == pytest.approx(3.5)
 
@@ -74,8 +74,10 @@ def test_each_normalization_on_a_hand_computed_batch():
 
     # samples: rollout 0 -> [2 tokens]; rollout 1 -> [1 token], [3 tokens]
     masks, owner = [[0, 1, 1], [1], [0, 1, 1, 1]], [0, 1, 1]
-    weights = {n: [w.tolist() for w in token_weights(masks, owner, n, fixed_length=4)]
-               for n in ("rollout", "sample", "batch_token", "fixed_length")}  # fmt: skip
+    weights = {
+        n: [w.tolist() for w in token_weights(masks, owner, n, fixed_length=4)]
+        for n in ("rollout", "sample", "batch_token", "fixed_length")
+    }
     assert weights["rollout"] == [[0, 1 / 4, 1 / 4], [1 / 8], [0, 1 / 8, 1 / 8, 1 / 8]]  # 1/(R*T_r): T_0 = 2, T_1 = 4
     assert weights["sample"] == [[0, 1 / 6, 1 / 6], [1 / 3], [0, 1 / 9, 1 / 9, 1 / 9]]  # 1/(S*T_s), S = 3
     assert weights["batch_token"] == [[0, 1 / 6, 1 / 6], [1 / 6], [0, 1 / 6, 1 / 6, 1 / 6]]  # 1/T, T = 6
@@ -86,7 +88,6 @@ def test_each_normalization_on_a_hand_computed_batch():
 
 def _selection_split(rewards_and_splits):
     """Rollouts of one task; each split into the given number of samples (calls that never extend)."""
-    import numpy as np
 
     from lightning_otel.trainer.merge import LLMCall
     from lightning_otel.trainer.rollout_data import RolloutRecord, Selection

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
-from lightning_otel.core.servers import free_port
 from lightning_otel.core import schema
+from lightning_otel.core.servers import free_port
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
 
 
@@ -33,11 +33,23 @@ def store(tmp_path):
             identity = {schema.ROLLOUT_ID: f"job-{index:02d}", schema.TASK_ID: f"task-{index % 4}"}
             prompt = [rng.randrange(3, 500) for _ in range(12)]
             first = [rng.randrange(3, 500) for _ in range(4)]
-            for prompt_ids, completion in ((prompt, first), (prompt + first + [7, 8], [rng.randrange(3, 500) for _ in range(3)])):
-                tracer.start_span("ChatCompletion", attributes={
-                    **identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: prompt_ids,
-                    schema.COMPLETION_TOKEN_IDS: completion, schema.COMPLETION_LOGPROBS: [-2.0] * len(completion)}).end()  # fmt: skip
-            tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: rng.random()}).end()
+            for prompt_ids, completion in (
+                (prompt, first),
+                (prompt + first + [7, 8], [rng.randrange(3, 500) for _ in range(3)]),
+            ):
+                tracer.start_span(
+                    "ChatCompletion",
+                    attributes={
+                        **identity,
+                        schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                        schema.PROMPT_TOKEN_IDS: prompt_ids,
+                        schema.COMPLETION_TOKEN_IDS: completion,
+                        schema.COMPLETION_LOGPROBS: [-2.0] * len(completion),
+                    },
+                ).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: rng.random()}
+            ).end()
 
     with local_collector(tmp_path / "traces") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -72,15 +84,24 @@ keep = 2
     return path
 
 
-def _train(config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()) -> subprocess.CompletedProcess:
+def _train(
+    config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     launcher = [sys.executable]
     if ranks > 1:
         env["OMP_NUM_THREADS"] = "1"
         launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port())]
-    command = [str(Path(__file__).with_name("train_with_fault.py")), fault] if fault else ["-m", "lightning_otel", "train"]
-    return subprocess.run([*launcher, *command, "--config", str(config), *flags, *(["--json"] if as_json else [])],
-                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    command = (
+        [str(Path(__file__).with_name("train_with_fault.py")), fault] if fault else ["-m", "lightning_otel", "train"]
+    )
+    return subprocess.run(
+        [*launcher, *command, "--config", str(config), *flags, *(["--json"] if as_json else [])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def _trained(state: Path) -> list[str]:
@@ -93,7 +114,9 @@ def base_served(vllm_server, tiny_model_dir):
     hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "0", rollback_dir=tiny_model_dir)
 
 
-def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(tmp_path, store, vllm_server, tiny_model_dir, base_served):
+def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(
+    tmp_path, store, vllm_server, tiny_model_dir, base_served
+):
     config = _config(tmp_path, store, vllm_server, tiny_model_dir)
     outcomes = []
     for fault in ("after_load", "mid_step", "after_checkpoint", "after_swap"):
@@ -118,7 +141,9 @@ def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(tmp_path, st
     assert len(list((tmp_path / "state" / "checkpoints").glob("step-*"))) == 2  # retention kept 2
 
 
-def test_a_checkpoint_the_probe_rejects_leaves_the_previous_weights(tmp_path, store, vllm_server, tiny_model_dir, base_served):
+def test_a_checkpoint_the_probe_rejects_leaves_the_previous_weights(
+    tmp_path, store, vllm_server, tiny_model_dir, base_served
+):
     config = _config(tmp_path, store, vllm_server, tiny_model_dir)
     first = _train(config)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -179,7 +204,9 @@ def test_config_file_and_flags(tmp_path):
     from lightning_otel.trainer.config import load_config
 
     path = tmp_path / "t.toml"
-    path.write_text('[selection]\nmax_rollouts = 9\n[server]\nreplicas = ["http://a", "http://b"]\n[update]\nlearning_rate = 0.5\n')
+    path.write_text(
+        '[selection]\nmax_rollouts = 9\n[server]\nreplicas = ["http://a", "http://b"]\n[update]\nlearning_rate = 0.5\n'
+    )
     config = load_config(str(path), {"update.learning_rate": "0.25", "server.replicas": "http://c,http://d"})
     assert config.selection.max_rollouts == 9 and config.update.learning_rate == 0.25
     assert config.server.replicas == ["http://c", "http://d"]
@@ -213,10 +240,19 @@ def huge_reward_store(tmp_path):
     def build(tracer):
         for index, reward in enumerate([1e300, 0.0, 0.3, 0.9, 0.1, 0.6, 0.8, 0.2]):
             identity = {schema.ROLLOUT_ID: f"job-{index:02d}", schema.TASK_ID: f"task-{index // 2}"}
-            tracer.start_span("ChatCompletion", attributes={
-                **identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: [5, 6, 7, 8, 9],
-                schema.COMPLETION_TOKEN_IDS: [30 + index, 31, 32], schema.COMPLETION_LOGPROBS: [-2.0] * 3}).end()
-            tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}).end()
+            tracer.start_span(
+                "ChatCompletion",
+                attributes={
+                    **identity,
+                    schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                    schema.PROMPT_TOKEN_IDS: [5, 6, 7, 8, 9],
+                    schema.COMPLETION_TOKEN_IDS: [30 + index, 31, 32],
+                    schema.COMPLETION_LOGPROBS: [-2.0] * 3,
+                },
+            ).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}
+            ).end()
 
     with local_collector(tmp_path / "traces") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -224,8 +260,13 @@ def huge_reward_store(tmp_path):
     return tmp_path / "traces"
 
 
-def test_a_non_finite_step_is_never_swapped_and_its_rollouts_never_return(tmp_path, huge_reward_store, vllm_server, tiny_model_dir, base_served):
-    config, mean_only = _config(tmp_path, huge_reward_store, vllm_server, tiny_model_dir), ("--update-scale-by-std", "false")
+def test_a_non_finite_step_is_never_swapped_and_its_rollouts_never_return(
+    tmp_path, huge_reward_store, vllm_server, tiny_model_dir, base_served
+):
+    config, mean_only = (
+        _config(tmp_path, huge_reward_store, vllm_server, tiny_model_dir),
+        ("--update-scale-by-std", "false"),
+    )
     admin = VLLMAdmin(vllm_server.url)
     probe = [1, 20, 30, 40, 50]
     served = admin.prompt_logprobs("policy", probe)
@@ -237,7 +278,9 @@ def test_a_non_finite_step_is_never_swapped_and_its_rollouts_never_return(tmp_pa
     assert not list((tmp_path / "state" / "checkpoints").glob("step-*")) and _trained(tmp_path / "state") == []
     excluded = [pq.read_table(f).to_pylist() for f in (tmp_path / "state" / "excluded").glob("*.parquet")]
     assert sorted((r["rollout_id"], r["cause"]) for rows in excluded for r in rows) == [
-        ("job-00", "non_finite_gradient"), ("job-01", "non_finite_gradient")]
+        ("job-00", "non_finite_gradient"),
+        ("job-01", "non_finite_gradient"),
+    ]
     trained = _train(config, flags=mean_only)  # the next run trains the next four, never task-0's again
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert json.loads(trained.stdout.strip().splitlines()[-1])["status"] == "trained"

@@ -44,8 +44,16 @@ def _spec(seed: int = 5):
     p, q = tokens(20), tokens(18)
     return [  # (rollout id, task, reward, samples)
         ("a0", "a", 1.0, [[(p + tokens(3), False), (tokens(4), True), (tokens(3), False), (tokens(3), True)]]),
-        ("a1", "a", 0.0, [[(p + tokens(2), False), (tokens(3), True)], [(p + tokens(4), False), (tokens(2), True)],
-                          [(p + tokens(1), False), (tokens(5), True)]]),
+        (
+            "a1",
+            "a",
+            0.0,
+            [
+                [(p + tokens(2), False), (tokens(3), True)],
+                [(p + tokens(4), False), (tokens(2), True)],
+                [(p + tokens(1), False), (tokens(5), True)],
+            ],
+        ),
         ("a2", "a", 0.25, [[(p + tokens(2), False), (tokens(5), True)], [(tokens(6), False), (tokens(3), True)]]),
         ("b0", "b", 2.0, [[(q + tokens(2), False), (tokens(6), True)]]),
         ("b1", "b", -1.0, [[(q + tokens(3), False), (tokens(4), True)]]),
@@ -88,8 +96,17 @@ def _selection_and_reference_inputs(model):
                 first.logprobs[offset] = -math.inf
                 generated[bad] = False  # masked: no loss, not counted
             chain += calls
-            samples.append(dict(rollout=rid, task=task, reward=reward, ids=ids, generated=generated,
-                                behaviour=behaviour, on_policy=reconstructed))
+            samples.append(
+                dict(
+                    rollout=rid,
+                    task=task,
+                    reward=reward,
+                    ids=ids,
+                    generated=generated,
+                    behaviour=behaviour,
+                    on_policy=reconstructed,
+                )
+            )
         rollouts.append(RolloutRecord(rid, task, reward, chains=[chain]))
     return Selection(rollouts, {}), samples
 
@@ -130,9 +147,22 @@ def _reference(model, reference_model, samples, tis: bool):
             loss = loss + KL_COEF * (torch.exp(delta) - delta - 1.0)
             total = total + weight * loss
             r = float(torch.exp(logp.detach() - behaviour))
-            regimes.add((a > 0, "high" if r > 1 + EPS_HIGH else "between-high" if r > 1 + EPS_LOW else
-                         "low" if r < 1 - EPS_HIGH else "between-low" if r < 1 - EPS_LOW else "inside",
-                         r > DUAL_CLIP, tis and r > TIS_CAP))
+            regimes.add(
+                (
+                    a > 0,
+                    "high"
+                    if r > 1 + EPS_HIGH
+                    else "between-high"
+                    if r > 1 + EPS_LOW
+                    else "low"
+                    if r < 1 - EPS_HIGH
+                    else "between-low"
+                    if r < 1 - EPS_LOW
+                    else "inside",
+                    r > DUAL_CLIP,
+                    tis and r > TIS_CAP,
+                )
+            )
     grads = torch.autograd.grad(total, [p for p in model.parameters()], allow_unused=True)
     return total.item(), [torch.zeros_like(p) if g is None else g for p, g in zip(model.parameters(), grads)], regimes
 
@@ -156,11 +186,25 @@ def test_policy_update_matches_the_reference_in_every_layout(models, tis):
     if tis:  # the cap truncates some weights, others stay below it
         assert any(r[3] for r in regimes) and any(not r[3] for r in regimes)
     else:  # the batch exercises both clips on both sides, the ranges between the epsilons, the dual-clip
-        for needed in [(True, "high"), (False, "low"), (True, "between-high"), (False, "between-low"), (True, "inside")]:
+        for needed in [
+            (True, "high"),
+            (False, "low"),
+            (True, "between-high"),
+            (False, "between-low"),
+            (True, "inside"),
+        ]:
             assert any(r[:2] == needed for r in regimes), needed
         assert any(not positive and beyond_dual for positive, _, beyond_dual, _ in regimes)
-    config_args = dict(eps_low=EPS_LOW, eps_high=EPS_HIGH, dual_clip=DUAL_CLIP, log_ratio_clamp=LOG_RATIO_CLAMP,
-                       kl_coef=KL_COEF, tis_cap=TIS_CAP if tis else None, max_grad_norm=math.inf, pack_length=64)
+    config_args = dict(
+        eps_low=EPS_LOW,
+        eps_high=EPS_HIGH,
+        dual_clip=DUAL_CLIP,
+        log_ratio_clamp=LOG_RATIO_CLAMP,
+        kl_coef=KL_COEF,
+        tis_cap=TIS_CAP if tis else None,
+        max_grad_norm=math.inf,
+        pack_length=64,
+    )
     batch = build_batch(selection, config=UpdateConfig(**config_args))
     assert len(batch.samples) == 8 and batch.samples_per_rollout_histogram() == [3, 1, 1]
     assert [m.span_id for m in batch.masked_calls] == ["b1-0-21"]

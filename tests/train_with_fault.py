@@ -17,7 +17,12 @@ from lightning_otel.cli import build_parser
 from lightning_otel.trainer.command import train
 from lightning_otel.trainer.config import load_config
 
-CRASH_AFTER = {"after_load": "select rollouts", "mid_step": "update", "after_checkpoint": "checkpoint", "after_swap": "swap + probe"}
+CRASH_AFTER = {
+    "after_load": "select rollouts",
+    "mid_step": "update",
+    "after_checkpoint": "checkpoint",
+    "after_swap": "swap + probe",
+}
 
 
 def corrupt_latest(state_dir: Path) -> None:

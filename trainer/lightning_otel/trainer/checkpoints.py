@@ -24,7 +24,6 @@ rollouts of its batch.
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -34,7 +33,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +106,13 @@ class CheckpointStore:
         if not exclusions:
             return
         ids = sorted(exclusions)
-        table = pa.table({"rollout_id": pa.array(ids, pa.string()), "cause": [exclusions[i][0] for i in ids],
-                          "reason": [exclusions[i][1] for i in ids]})
+        table = pa.table(
+            {
+                "rollout_id": pa.array(ids, pa.string()),
+                "cause": [exclusions[i][0] for i in ids],
+                "reason": [exclusions[i][1] for i in ids],
+            }
+        )
         name = f"{time.time_ns()}-{os.getpid()}.parquet"
         tmp = self.excluded_dir / f".{name}.tmp"  # not *.parquet: never read half-written
         pq.write_table(table, tmp)
@@ -120,7 +123,7 @@ class CheckpointStore:
         os.fsync(fd)
         os.close(fd)
 
-    def commit(self, step: int, write) -> Path:  # noqa: ANN001 - write(tmp_dir)
+    def commit(self, step: int, write) -> Path:
         tmp = self.checkpoints / f".tmp-step-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()

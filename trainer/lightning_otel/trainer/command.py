@@ -22,8 +22,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def train(args: argparse.Namespace, on_stage: Callable[[str], None] | None = None) -> int:
     """Run it; exit status 0 done or nothing to do, 1 failed, 3 another run holds the lock.
     `on_stage(name)` is called as each stage of the run ends (training_run.run_once)."""
-    from lightning_otel.trainer.config import load_config
     from lightning_otel.trainer.checkpoints import JobFailed, LockHeld
+    from lightning_otel.trainer.config import load_config
     from lightning_otel.trainer.training_run import run_once
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
@@ -38,10 +38,23 @@ def train(args: argparse.Namespace, on_stage: Callable[[str], None] | None = Non
     if os.environ.get("RANK", "0") != "0":
         return 0  # torchrun: rank 0 reports
     if args.json:
-        print(json.dumps({"status": summary.status, "step": summary.step, "version": summary.version, "rollouts": summary.rollouts,
-                          "samples": summary.samples, "mean_reward": summary.mean_reward, "loss": summary.loss,
-                          "swap_seconds": summary.swap_seconds, "excluded": len(summary.excluded),
-                          "at_fault": summary.at_fault, "stage_seconds": summary.stage_seconds}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "status": summary.status,
+                    "step": summary.step,
+                    "version": summary.version,
+                    "rollouts": summary.rollouts,
+                    "samples": summary.samples,
+                    "mean_reward": summary.mean_reward,
+                    "loss": summary.loss,
+                    "swap_seconds": summary.swap_seconds,
+                    "excluded": len(summary.excluded),
+                    "at_fault": summary.at_fault,
+                    "stage_seconds": summary.stage_seconds,
+                }
+            )
+        )
     else:
         print(summary.table())
     return 0

@@ -4,13 +4,21 @@ trainer's model: does the server now compute what the trainer computes?"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
 from lightning_otel.core.vllm_admin import SwapError, SwapReport, VLLMAdmin, hot_swap, validate_checkpoint
 
-__all__ = ["SwapError", "SwapReport", "VLLMAdmin", "hot_swap", "model_prompt_logprobs", "probe_max_diff", "validate_checkpoint"]
+__all__ = [
+    "SwapError",
+    "SwapReport",
+    "VLLMAdmin",
+    "hot_swap",
+    "model_prompt_logprobs",
+    "probe_max_diff",
+    "validate_checkpoint",
+]
 
 
 @torch.no_grad()

@@ -75,7 +75,15 @@ def screen_call(
         return call, None
     values = call.logprobs[bad]
     low = values[np.isfinite(values)]
-    report = MaskedCall(rollout_id, task_id, call.span_id, tokens=int(bad.sum()), nan=int(np.isnan(values).sum()),
-                        infinite=int(np.isinf(values).sum()), below_floor=int(low.size),
-                        lowest=float(low.min()) if low.size else None, floor=floor)
+    report = MaskedCall(
+        rollout_id,
+        task_id,
+        call.span_id,
+        tokens=int(bad.sum()),
+        nan=int(np.isnan(values).sum()),
+        infinite=int(np.isinf(values).sum()),
+        below_floor=int(low.size),
+        lowest=float(low.min()) if low.size else None,
+        floor=floor,
+    )
     return dataclasses.replace(call, masked=bad), report

@@ -43,7 +43,7 @@ class Row:
     masked: bool = False  # needs an explicit attention mask
 
 
-def _common_prefix(samples, indices: list[int]) -> int:  # noqa: ANN001
+def _common_prefix(samples, indices: list[int]) -> int:
     """Longest prefix shared by all the samples' tokens and never generated in any of them."""
     first = samples[indices[0]]
     length = min(len(samples[i].token_ids) for i in indices)
@@ -56,10 +56,12 @@ def _common_prefix(samples, indices: list[int]) -> int:  # noqa: ANN001
     return length
 
 
-def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) -> list[Row]:  # noqa: ANN001
+def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) -> list[Row]:
     lengths = [len(s.token_ids) for s in samples]
     if layout == "sorted":
-        return [Row([Segment(i, 0, lengths[i])], lengths[i]) for i in sorted(range(len(samples)), key=lambda i: -lengths[i])]
+        return [
+            Row([Segment(i, 0, lengths[i])], lengths[i]) for i in sorted(range(len(samples)), key=lambda i: -lengths[i])
+        ]
     if layout == "packed":
         capacity = max(pack_length or 0, max(lengths, default=0))
         rows: list[Row] = []
@@ -94,18 +96,24 @@ def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) 
     return sorted(rows, key=lambda r: -r.length)
 
 
-def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], device: torch.device) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def row_tensors(
+    samples, sample_weights, sample_advantages, rows: list[Row], device: torch.device
+) -> dict[str, torch.Tensor]:
     """Input ids, position ids, the token each position is scored from (`source`, -1 for none),
     behaviour logprobs, weights, advantages, generated flags, the sample each loss-bearing position
     belongs to (`sample`, -1 for none), and a 4D mask when any row needs one."""
     width = max(row.length for row in rows)
     shape = (len(rows), width)
     t = {
-        "input_ids": torch.zeros(shape, dtype=torch.long), "position_ids": torch.zeros(shape, dtype=torch.long),
-        "source": torch.full(shape, -1, dtype=torch.long), "behaviour": torch.zeros(shape, dtype=torch.float32),
-        "weights": torch.zeros(shape, dtype=torch.float32), "advantages": torch.zeros(shape, dtype=torch.float32),
-        "generated": torch.zeros(shape, dtype=torch.bool), "sample": torch.full(shape, -1, dtype=torch.long),
-    }  # fmt: skip
+        "input_ids": torch.zeros(shape, dtype=torch.long),
+        "position_ids": torch.zeros(shape, dtype=torch.long),
+        "source": torch.full(shape, -1, dtype=torch.long),
+        "behaviour": torch.zeros(shape, dtype=torch.float32),
+        "weights": torch.zeros(shape, dtype=torch.float32),
+        "advantages": torch.zeros(shape, dtype=torch.float32),
+        "generated": torch.zeros(shape, dtype=torch.bool),
+        "sample": torch.full(shape, -1, dtype=torch.long),
+    }
     masked = any(row.masked for row in rows)
     mask = torch.zeros((len(rows), 1, width, width), dtype=torch.bool) if masked else None
     for r, row in enumerate(rows):
@@ -115,15 +123,21 @@ def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], dev
             n = segment.length
             end = segment.start + n
             cols = slice(at, at + n)
-            t["input_ids"][r, cols] = torch.from_numpy(np.asarray(sample.token_ids[segment.start : end], dtype=np.int64))
+            t["input_ids"][r, cols] = torch.from_numpy(
+                np.asarray(sample.token_ids[segment.start : end], dtype=np.int64)
+            )
             t["position_ids"][r, cols] = torch.arange(segment.start, end)
             t["source"][r, at + 1 : at + n] = torch.arange(at, at + n - 1)
             if segment.parent is not None:
                 parent_at, parent_n = placed[segment.parent]
                 t["source"][r, at] = parent_at + parent_n - 1  # scored from the prefix's last position
             if not segment.is_prefix:  # a prefix carries no loss: its tokens are never generated
-                t["behaviour"][r, cols] = torch.from_numpy(np.asarray(sample.behaviour_logprobs[segment.start : end], dtype=np.float32))
-                t["weights"][r, cols] = torch.from_numpy(np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32))
+                t["behaviour"][r, cols] = torch.from_numpy(
+                    np.asarray(sample.behaviour_logprobs[segment.start : end], dtype=np.float32)
+                )
+                t["weights"][r, cols] = torch.from_numpy(
+                    np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32)
+                )
                 # via float64: an advantage past float32's range becomes inf (the update then refuses the
                 # step, update.NonFiniteUpdate) instead of an error here
                 t["advantages"][r, cols] = torch.tensor(sample_advantages[segment.sample], dtype=torch.float64).float()
@@ -145,7 +159,7 @@ def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], dev
     return out
 
 
-def scored_logprobs(model: torch.nn.Module, t: dict[str, torch.Tensor], with_entropy: bool = False):  # noqa: ANN201
+def scored_logprobs(model: torch.nn.Module, t: dict[str, torch.Tensor], with_entropy: bool = False):
     """log p(token at each position | what it attends to), scored from `source` positions (0 where
     there is none), and optionally the entropy of each scoring distribution (no gradient).
     use_cache=False matters: with a cache object transformers skips packed-sequence masks."""

@@ -14,8 +14,8 @@ boundary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -48,7 +48,9 @@ class LLMCall:
         if self.masked is not None:
             object.__setattr__(self, "masked", np.asarray(self.masked, dtype=bool))
         if self.masked is not None and len(self.masked) != len(self.completion_ids):
-            raise ValueError(f"call {self.span_id}: a mask of {len(self.masked)} for {len(self.completion_ids)} completion ids")
+            raise ValueError(
+                f"call {self.span_id}: a mask of {len(self.masked)} for {len(self.completion_ids)} completion ids"
+            )
 
     @property
     def sequence_length(self) -> int:
@@ -84,7 +86,7 @@ class Boundary:
 def first_divergence(prev: LLMCall, next_prompt: np.ndarray) -> int | None:
     """Index of the first token where next_prompt differs from prev's prompt + completion, or
     None when next_prompt starts with all of it (the merge condition)."""
-    p, c = len(prev.prompt_ids), len(prev.completion_ids)
+    p = len(prev.prompt_ids)
     for start, part in ((0, prev.prompt_ids), (p, prev.completion_ids)):
         window = next_prompt[start : start + len(part)]
         # bytes equality is a memcmp: several times faster than numpy's elementwise ==, then .all()

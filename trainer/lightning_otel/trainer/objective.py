@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -159,12 +159,16 @@ def ppo_clip_token_loss(
     return loss, active
 
 
-def truncated_importance_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
     """min(pi_old / pi_behaviour, cap), detached: corrects for the sampler's numerics differing from the trainer's."""
     return torch.clamp(torch.exp(old_logprobs - behaviour_logprobs), max=cap).detach()
 
 
-def k3_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, log_ratio_clamp: float | None = None) -> torch.Tensor:
+def k3_kl(
+    logprobs: torch.Tensor, reference_logprobs: torch.Tensor, log_ratio_clamp: float | None = None
+) -> torch.Tensor:
     """Per-token KL(pi_theta || pi_ref) estimate exp(delta) - delta - 1 (>= 0), delta = ref - logp
     (clamped to +-log_ratio_clamp when given)."""
     delta = reference_logprobs - logprobs

@@ -22,13 +22,17 @@ def _input(index: int, field: str) -> str:
 def recorded_messages(attributes: dict) -> list[dict]:
     messages, index = [], 0
     while _input(index, schema.MESSAGE_ROLE) in attributes:
-        messages.append({"role": attributes[_input(index, schema.MESSAGE_ROLE)],
-                         "content": attributes.get(_input(index, schema.MESSAGE_CONTENT), "")})  # fmt: skip
+        messages.append(
+            {
+                "role": attributes[_input(index, schema.MESSAGE_ROLE)],
+                "content": attributes.get(_input(index, schema.MESSAGE_CONTENT), ""),
+            }
+        )
         index += 1
     return messages
 
 
-def reconstruct_call(span_id: str, attributes: dict, tokenizer, policy_version: str | None = None) -> LLMCall | None:  # noqa: ANN001
+def reconstruct_call(span_id: str, attributes: dict, tokenizer, policy_version: str | None = None) -> LLMCall | None:
     """The call rebuilt from its recorded messages, or None when they were not recorded (or redacted)."""
     messages = recorded_messages(attributes)
     output = attributes.get(_OUTPUT)

@@ -45,23 +45,20 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
 from lightning_otel.collector import connect
-from lightning_otel.core.gateway_client import GatewayAdminClient
-from lightning_otel.core.vllm_admin import server_root
 from lightning_otel.core import schema
+from lightning_otel.core.gateway_client import GatewayAdminClient
+from lightning_otel.core.vllm_admin import require_finite, server_root
+from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
+from lightning_otel.trainer.config import TrainConfig
 from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
 from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
-from lightning_otel.trainer.config import TrainConfig
-from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
 from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
 from lightning_otel.trainer.update import UntrainableBatch
-from lightning_otel.core.vllm_admin import require_finite
 
 log = logging.getLogger(__name__)
 PROBE_TEXT = "What is 2 + 3? Answer with the number."
@@ -83,11 +80,20 @@ class RunSummary:
 
     def table(self) -> str:
         """The human-readable summary printed at the end of a run."""
-        rows = [("status", self.status), ("step / version", f"{self.step} / {self.version}"), ("rollouts used", self.rollouts),
-                ("samples", self.samples), ("mean reward", _fmt(self.mean_reward)), ("loss", _fmt(self.loss)),
-                ("swap seconds", _fmt(self.swap_seconds)), ("rollouts excluded", len(self.excluded))]  # fmt: skip
+        rows = [
+            ("status", self.status),
+            ("step / version", f"{self.step} / {self.version}"),
+            ("rollouts used", self.rollouts),
+            ("samples", self.samples),
+            ("mean reward", _fmt(self.mean_reward)),
+            ("loss", _fmt(self.loss)),
+            ("swap seconds", _fmt(self.swap_seconds)),
+            ("rollouts excluded", len(self.excluded)),
+        ]
         if self.at_fault:
-            rows.append(("rollouts at fault", ", ".join(self.at_fault[:5]) + (" ..." if len(self.at_fault) > 5 else "")))
+            rows.append(
+                ("rollouts at fault", ", ".join(self.at_fault[:5]) + (" ..." if len(self.at_fault) > 5 else ""))
+            )
         rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
         return "\n".join(f"{name:<20} {value}" for name, value in rows)
 
@@ -135,7 +141,7 @@ def _distributed() -> tuple[int, str | None]:
     return dist.get_rank(), device
 
 
-def _everyone(rank: int, value):  # noqa: ANN001, ANN202
+def _everyone(rank: int, value):
     """Rank 0's value on every rank (identity without a process group)."""
     if not dist.is_initialized():
         return value
@@ -149,11 +155,21 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
     if config.model.lora_rank:
         from peft import LoraConfig
 
-        lora = LoraConfig(r=config.model.lora_rank, lora_alpha=config.model.lora_alpha, init_lora_weights=True,
-                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
+        lora = LoraConfig(
+            r=config.model.lora_rank,
+            lora_alpha=config.model.lora_alpha,
+            init_lora_weights=True,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        )
     model_dir = latest / "model" if latest is not None and not config.model.lora_rank else Path(config.model.base)
-    trainer = PolicyTrainer(model_dir, config.checkpoints.dir, config.update, lora=lora, device=device,
-                            dtype=getattr(torch, config.model.dtype))  # fmt: skip
+    trainer = PolicyTrainer(
+        model_dir,
+        config.checkpoints.dir,
+        config.update,
+        lora=lora,
+        device=device,
+        dtype=getattr(torch, config.model.dtype),
+    )
     if latest is not None:
         if config.model.lora_rank:
             from peft import set_peft_model_state_dict
@@ -169,7 +185,7 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
 
 
 @functools.lru_cache(maxsize=1)
-def _tokenizer(model_dir: str):  # noqa: ANN202 - a transformers tokenizer
+def _tokenizer(model_dir: str):
     """The policy's tokenizer, loaded once per run (probes and the merge diagnosis share it)."""
     from transformers import AutoTokenizer
 
@@ -178,12 +194,18 @@ def _tokenizer(model_dir: str):  # noqa: ANN202 - a transformers tokenizer
 
 def _probe_ids(config: TrainConfig) -> list[int]:
     tokenizer = _tokenizer(config.model.base)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _served_name(config: TrainConfig, version: str) -> str:
-    return f"{config.model.served_model_name}@{version}" if config.model.lora_rank and version != "0" else config.model.served_model_name
+    return (
+        f"{config.model.served_model_name}@{version}"
+        if config.model.lora_rank and version != "0"
+        else config.model.served_model_name
+    )
 
 
 def _served_versions(config: TrainConfig) -> set[str | None]:
@@ -191,7 +213,7 @@ def _served_versions(config: TrainConfig) -> set[str | None]:
     if config.model.lora_rank:
         versions = set()
         for replica in config.server.replicas:
-            with urllib.request.urlopen(server_root(replica) + "/v1/models", timeout=30) as reply:  # noqa: S310
+            with urllib.request.urlopen(server_root(replica) + "/v1/models", timeout=30) as reply:
                 names = [m["id"] for m in json.loads(reply.read())["data"]]
             prefix = config.model.served_model_name + "@"
             loaded = [n[len(prefix) :] for n in names if n.startswith(prefix)]
@@ -229,7 +251,9 @@ def _probe(config: TrainConfig, trainer: PolicyTrainer, version: str) -> None:
             raise JobFailed(f"{replica} serves logprobs {diff:.2e} away from the trainer's for version {version}")
 
 
-def _report(config: TrainConfig, inputs: list[InputRecord], step: tuple[PolicyTrainer, StepResult, float] | None = None) -> None:
+def _report(
+    config: TrainConfig, inputs: list[InputRecord], step: tuple[PolicyTrainer, StepResult, float] | None = None
+) -> None:
     """The input diagnostics, and for a committed step (trainer, result, swap seconds) a train_step
     span and the merge diagnostics, into the same store as the traces."""
     from lightning_otel.core.otlp import server_tracer_provider
@@ -242,21 +266,27 @@ def _report(config: TrainConfig, inputs: list[InputRecord], step: tuple[PolicyTr
     provider.shutdown()
 
 
-def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:  # noqa: ANN001
+def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:
     # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
     records = diagnose(result.batch, _tokenizer(config.model.base))
     metrics = result.metrics
     attributes = {
-        schema.TRAIN_STEP: trainer.version, schema.TRAIN_VERSION: str(trainer.version),
-        schema.TRAIN_ROLLOUTS: len(result.selection.rollouts), schema.TRAIN_SAMPLES: len(result.batch.samples),
-        schema.TRAIN_MEAN_REWARD: result.mean_reward, schema.TRAIN_LOSS: metrics["loss"],
-        schema.TRAIN_CLIP_FRACTION: metrics["clip_fraction"], schema.TRAIN_ENTROPY: metrics["entropy"],
-        schema.TRAIN_KL: metrics["kl"], schema.TRAIN_GRAD_NORM: metrics["grad_norm"], schema.TRAIN_SWAP_SECONDS: swap_seconds,
+        schema.TRAIN_STEP: trainer.version,
+        schema.TRAIN_VERSION: str(trainer.version),
+        schema.TRAIN_ROLLOUTS: len(result.selection.rollouts),
+        schema.TRAIN_SAMPLES: len(result.batch.samples),
+        schema.TRAIN_MEAN_REWARD: result.mean_reward,
+        schema.TRAIN_LOSS: metrics["loss"],
+        schema.TRAIN_CLIP_FRACTION: metrics["clip_fraction"],
+        schema.TRAIN_ENTROPY: metrics["entropy"],
+        schema.TRAIN_KL: metrics["kl"],
+        schema.TRAIN_GRAD_NORM: metrics["grad_norm"],
+        schema.TRAIN_SWAP_SECONDS: swap_seconds,
         schema.TRAIN_MERGE_RATE: sum(r.merged for r in records) / len(records) if records else 1.0,
         schema.TRAIN_SAMPLES_PER_ROLLOUT: result.batch.samples_per_rollout_histogram(),
         schema.TRAIN_MASKED_CALLS: len(result.batch.masked_calls),
         schema.TRAIN_MASKED_TOKENS: sum(m.tokens for m in result.batch.masked_calls),
-    }  # fmt: skip
+    }
     tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
     publish(records, tracer)
     publish_inputs(input_records(result.batch.masked_calls, {}), tracer)
@@ -267,7 +297,9 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
     if config.server.weight_push not in ("files", "nccl"):
         raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
     if config.server.weight_push == "nccl" and (config.server.gateway or config.model.lora_rank):
-        raise ValueError("[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA")
+        raise ValueError(
+            "[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA"
+        )
     rank, device = _distributed()
     lead = rank == 0
     progress = progress and lead
@@ -295,14 +327,22 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             with stages("select rollouts"):
                 conn = connect(config.store.data_dir)
                 conn.register("lightning_trained", store.untrainable_ids())
-                selection = select_rollouts(conn, config=SelectionConfig(
-                    where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
-                    reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
-                    only_rewarded=True,
-                ))  # fmt: skip
+                selection = select_rollouts(
+                    conn,
+                    config=SelectionConfig(
+                        where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
+                        reward=config.selection.reward,
+                        limit=config.selection.max_rollouts,
+                        exclude="lightning_trained",
+                        only_rewarded=True,
+                    ),
+                )
             # Excluded for good, so no later run selects them again (a missing reward may still come).
-            exclusions = {rid: (exclusion_cause(reason), reason) for rid, reason in selection.excluded.items()
-                          if exclusion_cause(reason) != "no_reward"}
+            exclusions = {
+                rid: (exclusion_cause(reason), reason)
+                for rid, reason in selection.excluded.items()
+                if exclusion_cause(reason) != "no_reward"
+            }
             store.exclude(exclusions)
             inputs = input_records([], exclusions)
         selection = _everyone(rank, selection)
@@ -341,17 +381,28 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         return summary
 
 
-def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: PolicyTrainer, result: StepResult,
-                     latest: Path | None, summary: RunSummary, stages: _Stages, inputs: list[InputRecord]) -> None:  # fmt: skip
+def _commit_and_swap(
+    config: TrainConfig,
+    store: CheckpointStore,
+    trainer: PolicyTrainer,
+    result: StepResult,
+    latest: Path | None,
+    summary: RunSummary,
+    stages: _Stages,
+    inputs: list[InputRecord],
+) -> None:
     """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
     poisoned = [name for name, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
     if poisoned:  # finite gradients, yet the step overflowed: the configuration, not the rollouts
-        raise JobFailed(f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
-                        "nothing committed or swapped (check [update] learning_rate and [model] dtype)")
+        raise JobFailed(
+            f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
+            "nothing committed or swapped (check [update] learning_rate and [model] dtype)"
+        )
     with stages("checkpoint"):
         rollout_ids = [r.rollout_id for r in result.selection.rollouts]
         checkpoint = store.commit(
-            trainer.version, lambda tmp: trainer.write_checkpoint(tmp, rollout_ids, adapter_only=config.model.lora_rank > 0)
+            trainer.version,
+            lambda tmp: trainer.write_checkpoint(tmp, rollout_ids, adapter_only=config.model.lora_rank > 0),
         )
     version = str(trainer.version)
     try:
@@ -371,9 +422,16 @@ def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: Polic
         store.reject(checkpoint)
         try:
             _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
-        except Exception as rollback_failure:  # noqa: BLE001 - report both
-            raise JobFailed(f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}") from failure
+        except Exception as rollback_failure:
+            raise JobFailed(
+                f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}"
+            ) from failure
         raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
     store.retire(config.checkpoints.keep)
     _report(config, inputs, (trainer, result, swap_seconds))
-    summary.status, summary.step, summary.version, summary.swap_seconds = "trained", trainer.version, version, swap_seconds
+    summary.status, summary.step, summary.version, summary.swap_seconds = (
+        "trained",
+        trainer.version,
+        version,
+        swap_seconds,
+    )

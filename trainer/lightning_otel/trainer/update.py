@@ -22,6 +22,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lightning_otel.trainer.config import UpdateConfig
+from lightning_otel.trainer.input_hygiene import MaskedCall, screen_call
 from lightning_otel.trainer.layout import Row, plan_rows, row_tensors, scored_logprobs
 from lightning_otel.trainer.merge import Boundary, Sample, merge_calls
 from lightning_otel.trainer.objective import (
@@ -33,8 +35,6 @@ from lightning_otel.trainer.objective import (
     truncated_importance_weights,
     weighted_loss,
 )
-from lightning_otel.trainer.config import UpdateConfig
-from lightning_otel.trainer.input_hygiene import MaskedCall, screen_call
 from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
 
 
@@ -88,7 +88,9 @@ class Batch:
 
     def samples_per_rollout_histogram(self) -> list[int]:
         """Element k: how many rollouts became k + 1 samples (rollouts left with none not counted)."""
-        counts = np.bincount(self.rollout_of_sample, minlength=len(self.rollouts)) if self.rollouts else np.zeros(0, int)
+        counts = (
+            np.bincount(self.rollout_of_sample, minlength=len(self.rollouts)) if self.rollouts else np.zeros(0, int)
+        )
         counts = counts[counts > 0]
         return np.bincount(counts - 1).tolist() if counts.size else []
 
@@ -125,7 +127,11 @@ def build_batch(
             chain_samples, chain_boundaries = merge_calls(screened)
             boundaries += [ChainBoundary(index, chain_index, b) for b in chain_boundaries]
             for sample in chain_samples:
-                age = _staleness(sample, current_version) if max_staleness is not None and current_version is not None else None
+                age = (
+                    _staleness(sample, current_version)
+                    if max_staleness is not None and current_version is not None
+                    else None
+                )
                 if age is not None and age > max_staleness:
                     stale += 1
                     continue
@@ -136,12 +142,19 @@ def build_batch(
         why = f"{stale} sample(s) staler than max_staleness" if stale else "every generated token is masked"
         raise UntrainableBatch(f"no generated token to train on ({why})", [r.rollout_id for r in rollouts])
     if config.advantage_level == "rollout":
-        per_rollout, flat = group_advantages_with_report([r.reward for r in rollouts], [r.task_id for r in rollouts], config.scale_by_std)
+        per_rollout, flat = group_advantages_with_report(
+            [r.reward for r in rollouts], [r.task_id for r in rollouts], config.scale_by_std
+        )
         advantages = [per_rollout[r] for r in rollout_of_sample]
     else:
-        advantages, flat = group_advantages_with_report([rollouts[r].reward for r in rollout_of_sample],
-                                                        [rollouts[r].task_id for r in rollout_of_sample], config.scale_by_std)  # fmt: skip
-    weights = token_weights([s.loss_mask for s in samples], rollout_of_sample, config.normalization, config.fixed_length)
+        advantages, flat = group_advantages_with_report(
+            [rollouts[r].reward for r in rollout_of_sample],
+            [rollouts[r].task_id for r in rollout_of_sample],
+            config.scale_by_std,
+        )
+    weights = token_weights(
+        [s.loss_mask for s in samples], rollout_of_sample, config.normalization, config.fixed_length
+    )
     return Batch(samples, rollout_of_sample, rollouts, advantages, weights, boundaries, stale, flat, masked_calls)
 
 
@@ -169,7 +182,9 @@ def policy_update(
     mine = _my_rows(rows)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals = torch.zeros(7, dtype=torch.float64)  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
+    totals = torch.zeros(
+        7, dtype=torch.float64
+    )  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
     at_fault = torch.zeros(len(batch.rollouts), dtype=torch.float64)  # rollouts with a non-finite token loss
     starts = range(0, len(mine), config.micro_batch_size)
     if progress:
@@ -186,8 +201,9 @@ def policy_update(
         if config.tis_cap is not None:
             with torch.no_grad():
                 old = logprobs.detach()  # the trainer's own logprobs before this update
-        token_loss, clipped = ppo_clip_token_loss(logprobs, old, t["advantages"], config.eps_low, config.eps_high,
-                                                  config.log_ratio_clamp, config.dual_clip)
+        token_loss, clipped = ppo_clip_token_loss(
+            logprobs, old, t["advantages"], config.eps_low, config.eps_high, config.log_ratio_clamp, config.dual_clip
+        )
         if config.tis_cap is not None:
             token_loss = token_loss * truncated_importance_weights(old, behaviour, config.tis_cap)
         kl = torch.zeros_like(logprobs)
@@ -204,11 +220,18 @@ def policy_update(
             for sample in t["sample"][bad].unique().tolist():
                 at_fault[batch.rollout_of_sample[sample]] = 1.0
         generated = t["generated"].float()
-        totals += torch.tensor([
-            loss.item(), (weights * clipped).sum().item(), (entropy * generated).sum().item(),
-            (kl.detach() * generated).sum().item(), generated.sum().item(), t["input_ids"].numel(),
-            sum(row.length for row in chunk),
-        ], dtype=torch.float64)  # fmt: skip
+        totals += torch.tensor(
+            [
+                loss.item(),
+                (weights * clipped).sum().item(),
+                (entropy * generated).sum().item(),
+                (kl.detach() * generated).sum().item(),
+                generated.sum().item(),
+                t["input_ids"].numel(),
+                sum(row.length for row in chunk),
+            ],
+            dtype=torch.float64,
+        )
     if dist.is_available() and dist.is_initialized():
         for parameter in model.parameters():
             if parameter.requires_grad:
@@ -217,13 +240,18 @@ def policy_update(
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         dist.all_reduce(at_fault, op=dist.ReduceOp.SUM)
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm).item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], config.max_grad_norm
+    ).item()
     loss, clipped, entropy, kl, generated, processed, real = totals.tolist()
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)  # and no step: the weights stay as they were
         ids = [batch.rollouts[i].rollout_id for i in at_fault.nonzero().flatten().tolist()] or batch.rollout_ids
-        raise NonFiniteUpdate(f"non-finite gradient (loss {loss:.3g}, gradient norm {grad_norm:.3g})", ids,
-                              {"loss": loss, "grad_norm": grad_norm})
+        raise NonFiniteUpdate(
+            f"non-finite gradient (loss {loss:.3g}, gradient norm {grad_norm:.3g})",
+            ids,
+            {"loss": loss, "grad_norm": grad_norm},
+        )
     optimizer.step()
     return {
         "loss": loss,
