@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_MAX_BODY = 20 * 1024 * 1024  # decompressed bytes
+DEFAULT_QUERY_TIMEOUT_S = 30.0
+DEFAULT_QUERY_MAX_CONCURRENT = 2
 
 
 @dataclass
@@ -23,6 +25,10 @@ class CollectorConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_backlog_bytes: int = 2 * 1024**3  # WAL bytes not yet in Parquet before 503s
     max_inflight: int = 64  # concurrent exports before 429s
+    http_read_timeout_s: float = 20.0  # longest silence: before a request's headers are complete, or within a body
+    http_body_timeout_s: float = 60.0  # longest time to receive one whole body
+    query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S  # POST /v1/query statements are stopped after this
+    query_max_concurrent: int = DEFAULT_QUERY_MAX_CONCURRENT  # POST /v1/query statements at once before 429s
     retention_hours: float | None = None
     compact_min_files: int = 8
     compact_interval_s: float = 30.0
