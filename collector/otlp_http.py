@@ -26,7 +26,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
@@ -42,6 +42,10 @@ from lightning_otel.instrument.auth import bearer_ok
 log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+# After an early answer (413 mid-body), the rest of the body is read and dropped this long before
+# the connection closes: closing with unread data makes the kernel reset the connection, and the
+# client may lose the answer.
+LINGER_S = 2.0
 
 
 def _media_type(request: web.BaseRequest) -> str:
@@ -124,8 +128,10 @@ class OTLPHTTPServer:
             self._loop.run_until_complete(self._bind())
         except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
             failure.append(exc)
-            started.set()
+            if self._runner is not None:
+                self._loop.run_until_complete(self._runner.cleanup())
             self._loop.close()
+            started.set()
             return
         started.set()
         self._loop.run_forever()
@@ -137,7 +143,7 @@ class OTLPHTTPServer:
         # keepalive_timeout also bounds how long a new connection may take to send its first
         # request's headers (aiohttp closes a connection that completed no request by then).
         self._runner = web.AppRunner(self.app(), access_log=None, auto_decompress=False, shutdown_timeout=5.0,
-                                     keepalive_timeout=config.http_read_timeout_s, lingering_time=0)
+                                     keepalive_timeout=config.http_read_timeout_s, lingering_time=LINGER_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.http_port, backlog=256)
         await site.start()
@@ -152,30 +158,28 @@ class OTLPHTTPServer:
 
     # Traces ---------------------------------------------------------------------------------
 
-    def _precheck(self, request: web.BaseRequest) -> web.Response | None:
-        """The answer to an export that its headers alone settle (its body is then never read)."""
+    def _precheck(self, request: web.BaseRequest, close: bool) -> web.Response | None:
+        """The answer to an export that its headers alone settle. Its body is then read and dropped
+        for LINGER_S (`close` False), or never sent (`close`, after `Expect: 100-continue`)."""
         media_type = _media_type(request)
         reply_type = JSON if media_type == JSON else PROTOBUF
         if not bearer_ok(request.headers.get("Authorization"), self.config.token):
             return _status(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
-                           headers={"WWW-Authenticate": "Bearer"}, close=True)
+                           headers={"WWW-Authenticate": "Bearer"}, close=close)
         if media_type not in (PROTOBUF, JSON):
-            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {media_type!r}", close=True)
+            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {media_type!r}", close=close)
         encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
         if encoding not in ENCODINGS:
-            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content encoding {encoding!r}", reply_type, close=True)
+            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content encoding {encoding!r}", reply_type, close=close)
         if (request.content_length or 0) > self.config.max_body_bytes:
-            return _status(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {self.config.max_body_bytes} bytes", reply_type, close=True)
-        if self._exports >= self.config.max_inflight:
-            return _status(429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type,
-                           headers={"Retry-After": "1"}, close=True)
+            return _status(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {self.config.max_body_bytes} bytes", reply_type, close=close)
         return None
 
     async def _expect(self, request: web.Request) -> web.Response | None:
         """`Expect: 100-continue`: a final answer now if the headers already settle it, else 100."""
-        if request.version != web.HttpVersion11 or request.headers.get("Expect", "").lower() != "100-continue":
+        if request.version != HttpVersion11 or request.headers.get("Expect", "").lower() != "100-continue":
             return _status(417, code_pb2.INVALID_ARGUMENT, "only 'Expect: 100-continue' is supported", close=True)
-        rejection = self._precheck(request)
+        rejection = self._precheck(request, close=True)
         if rejection is not None:
             return rejection
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -183,32 +187,37 @@ class OTLPHTTPServer:
         return None
 
     async def _export(self, request: web.Request) -> web.Response:
-        rejection = self._precheck(request)
+        rejection = self._precheck(request, close=False)
         if rejection is not None:
             return rejection
         media_type = _media_type(request)
         reply_type = JSON if media_type == JSON else PROTOBUF
+        config = self.config
+        try:
+            encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
+            body = await read_body(request.content, encoding, config.max_body_bytes, config.http_read_timeout_s,
+                                   config.http_body_timeout_s)
+        except BodyTooLarge as exc:  # answered at once; the rest is read and dropped for LINGER_S, then closed
+            return _status(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        except BodyTimeout as exc:
+            return _status(408, code_pb2.DEADLINE_EXCEEDED, str(exc), reply_type, close=True)
+        except BadEncoding as exc:
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        # In flight = being decoded and logged: a client still sending its body takes no slot.
+        if self._exports >= config.max_inflight:
+            return _status(429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type, headers={"Retry-After": "1"})
         self._exports += 1
         try:
-            config = self.config
-            try:
-                encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
-                body = await read_body(request.content, encoding, config.max_body_bytes,
-                                       config.http_read_timeout_s, config.http_body_timeout_s)
-                result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type,
-                                                          body.data, body.raw, body.encoding)
-            except BodyTooLarge as exc:
-                return _status(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type, close=True)
-            except BodyTimeout as exc:
-                return _status(408, code_pb2.DEADLINE_EXCEEDED, str(exc), reply_type, close=True)
-            except ValueError as exc:  # BadEncoding too
-                return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
-            except Overloaded as exc:
-                code = 429 if exc.too_many_requests else 503
-                return _status(code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)})
-            except OSError as exc:  # disk full or gone: the exporter should retry later
-                log.error("write-ahead log append failed: %s", exc)
-                return _status(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
+            result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type, body.data,
+                                                      body.raw, body.encoding)
+        except ValueError as exc:
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        except Overloaded as exc:
+            code = 429 if exc.too_many_requests else 503
+            return _status(code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)})
+        except OSError as exc:  # disk full or gone: the exporter should retry later
+            log.error("write-ahead log append failed: %s", exc)
+            return _status(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
         finally:
             self._exports -= 1
         response = ExportTraceServiceResponse()
@@ -220,17 +229,17 @@ class OTLPHTTPServer:
 
     # Query ----------------------------------------------------------------------------------
 
-    def _query_precheck(self, request: web.BaseRequest) -> web.Response | None:
+    def _query_precheck(self, request: web.BaseRequest, close: bool) -> web.Response | None:
         if not bearer_ok(request.headers.get("Authorization"), self.config.query_token):
-            return _json_reply(401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"}, close=True)
+            return _json_reply(401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"}, close=close)
         if (request.headers.get("Content-Encoding") or "").strip().lower() not in ENCODINGS:
-            return _json_reply(415, {"error": "unsupported content encoding"}, close=True)
+            return _json_reply(415, {"error": "unsupported content encoding"}, close=close)
         if (request.content_length or 0) > self.config.max_body_bytes:
-            return _json_reply(413, {"error": f"body exceeds {self.config.max_body_bytes} bytes"}, close=True)
+            return _json_reply(413, {"error": f"body exceeds {self.config.max_body_bytes} bytes"}, close=close)
         return None
 
     async def _expect_query(self, request: web.Request) -> web.Response | None:
-        rejection = self._query_precheck(request)
+        rejection = self._query_precheck(request, close=True)
         if rejection is not None:
             return rejection
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -238,7 +247,7 @@ class OTLPHTTPServer:
         return None
 
     async def _query(self, request: web.Request) -> web.Response:
-        rejection = self._query_precheck(request)
+        rejection = self._query_precheck(request, close=False)
         if rejection is not None:
             return rejection
         config = self.config
@@ -246,7 +255,7 @@ class OTLPHTTPServer:
             body = await read_body(request.content, (request.headers.get("Content-Encoding") or "").strip().lower(),
                                    config.max_body_bytes, config.http_read_timeout_s, config.http_body_timeout_s)
         except BodyTooLarge as exc:
-            return _json_reply(413, {"error": str(exc)}, close=True)
+            return _json_reply(413, {"error": str(exc)})
         except BodyTimeout as exc:
             return _json_reply(408, {"error": str(exc)}, close=True)
         except ValueError as exc:
@@ -255,6 +264,4 @@ class OTLPHTTPServer:
         return _json_reply(code, payload, headers)
 
     async def _not_found(self, request: web.Request) -> web.Response:
-        if request.method == "GET":
-            return _status(404, code_pb2.NOT_FOUND, f"no route {request.path}")
-        return _status(404, code_pb2.NOT_FOUND, f"no route {request.path}", close=True)
+        return _status(404, code_pb2.NOT_FOUND, f"no route {request.path}")
