@@ -143,7 +143,8 @@ class OTLPHTTPServer:
         # keepalive_timeout also bounds how long a new connection may take to send its first
         # request's headers (aiohttp closes a connection that completed no request by then).
         self._runner = web.AppRunner(self.app(), access_log=None, auto_decompress=False, shutdown_timeout=5.0,
-                                     keepalive_timeout=config.http_read_timeout_s, lingering_time=LINGER_S)
+                                     keepalive_timeout=config.http_read_timeout_s, lingering_time=LINGER_S,
+                                     read_bufsize=4 << 20)
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.http_port, backlog=256)
         await site.start()
