@@ -129,3 +129,15 @@ def test_query_limit_flags_and_environment(monkeypatch):
     for command in ("collector", "dashboard"):
         args = build_parser().parse_args([command])
         assert (args.query_timeout_s, args.query_max_concurrent) == (7.5, 4), command
+
+
+def test_the_memory_limit_holds_and_bad_bodies_are_400(tmp_path):
+    from lightning_otel.collector.query_limits import QueryLimiter
+
+    limiter = QueryLimiter(tmp_path / "store", timeout_s=60)
+    code, reply, _ = limiter.answer(json.dumps({"sql": "SELECT current_setting('memory_limit') AS m"}).encode())
+    assert (code, reply["rows"]) == (200, [["953.6 MiB"]])  # 1 GB
+    code, reply, _ = limiter.answer(json.dumps({"sql": "SELECT list(range) FROM range(100000000)"}).encode())
+    assert code == 400 and "Out of Memory" in reply["error"]
+    assert limiter.answer(b"not json")[0] == 400 and limiter.answer(b'{"sql": 5}')[0] == 400
+    assert limiter.answer(b'{"sql": "SELECT 1"}')[0] == 200  # every slot was given back
