@@ -109,6 +109,14 @@ def test_chunked_bodies_plain_and_gzip_in_odd_pieces_on_one_kept_alive_connectio
     assert _count(collector, "chunked-plain") == 3 and _count(collector, "chunked-gzip") == 3
 
 
+def test_empty_bodies_are_answered_every_time(collector):
+    # aiohttp hands every empty body the same reader; once read it keeps saying "chunk boundary".
+    for _ in range(3):
+        assert post(collector.http_endpoint + "/v1/traces", b"")[0] == 200  # an empty export
+    assert post(collector.http_endpoint + "/v1/traces", _body("after-empty"))[0] == 200
+    assert _count(collector, "after-empty") == 3
+
+
 def test_keep_alive_serves_many_requests_on_one_connection(collector):
     host, port = collector.http.server_address
     connection = http.client.HTTPConnection(host, port, timeout=10)
