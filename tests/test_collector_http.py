@@ -132,6 +132,36 @@ def test_keep_alive_serves_many_requests_on_one_connection(collector):
     assert _count(collector, "kept") == 5
 
 
+def test_concurrent_exports_on_kept_alive_connections_land_whole(collector):
+    """Bodies are read into reused buffers: each must stay its own until its log append is done."""
+    host, port = collector.http.server_address
+    sent, failures = {}, []
+
+    def client(k: int) -> None:
+        connection = http.client.HTTPConnection(host, port, timeout=30)
+        for i in range(12):
+            names = [f"conc-{k}-{i}-{j}" for j in range(40)]
+            text = f"{k}-{i}-" * 600  # ~5 KB a span: bodies of ~200 KB, read in many pieces
+            body = request_bytes(make_spans(lambda t: [t.start_span(n, attributes={"text": text}).end() for n in names]))
+            connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
+            reply = connection.getresponse()
+            reply.read()
+            if reply.status != 200:
+                failures.append(reply.status)
+            sent.update({name: text for name in names})
+        connection.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    collector.flush()
+    stored = connect(collector.data_dir).execute("SELECT name, attributes['text'] FROM spans WHERE name LIKE 'conc-%'").fetchall()
+    assert len(stored) == len(sent) == 6 * 12 * 40 and dict(stored) == sent
+
+
 def test_expect_100_continue(collector):
     body = _body("expect")
     with _connect(collector) as sock:
