@@ -6,8 +6,9 @@ decompressed size passes the cap: a gzip bomb costs at most `limit` bytes of mem
 that goes silent for `read_timeout_s`, or takes longer than `body_timeout_s` for the whole body,
 gets `BodyTimeout`.
 
-The received bytes are gathered into a caller's reusable buffer: joining a 5 MB body into fresh
-memory every time cost more than the copy itself (the kernel maps and zeroes the new pages).
+The body comes back as the pieces it arrived in: joining them, a copy of megabytes that CPython
+makes without holding the GIL, is left to the thread that decodes the body, so that the event
+loop, which reads every connection, holds the GIL as briefly as it can.
 """
 
 from __future__ import annotations
@@ -36,28 +37,21 @@ class BadEncoding(ValueError):
     """400: the body is not what its Content-Encoding says (corrupt or truncated gzip/deflate)."""
 
 
+def joined(parts: list[bytes]) -> bytes:
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
 @dataclass
 class Body:
-    raw: memoryview  # as received (compressed when `encoding` is gzip or deflate), a view of `buffer`
-    data: memoryview | bytes  # decompressed
+    raw_parts: list[bytes]  # as received (compressed when `encoding` is gzip or deflate)
+    data_parts: list[bytes]  # decompressed: the same list when not compressed
     encoding: str  # "", "gzip" or "deflate"
-    buffer: bytearray  # what `raw` views: reuse it for a later body once `release()`d
 
-    def release(self) -> None:
-        for view in (self.raw, self.data):
-            if isinstance(view, memoryview):
-                view.release()
+    def raw(self) -> bytes:
+        return joined(self.raw_parts)
 
-
-def _append(buffer: bytearray, size: int, chunk: bytes) -> bytearray:
-    """`chunk` written at `size`: in place when it fits (no new memory), else into a grown copy."""
-    end = size + len(chunk)
-    if end > len(buffer):
-        grown = bytearray(max(end, 2 * len(buffer)))
-        memoryview(grown)[:size] = memoryview(buffer)[:size]
-        buffer = grown
-    buffer[size:end] = chunk  # same length: a copy, never a resize
-    return buffer
+    def data(self) -> bytes:
+        return joined(self.data_parts)
 
 
 class _Inflater:
@@ -97,10 +91,10 @@ class _Inflater:
                 self.parts.append(out)
             data = self._decompressor.unconsumed_tail or self._decompressor.unused_data
 
-    def finish(self) -> bytes:
+    def finish(self) -> list[bytes]:
         if self._pending or self._decompressor is None or not self._decompressor.eof:
             raise BadEncoding(f"truncated {self.encoding} body")
-        return b"".join(self.parts)
+        return self.parts
 
 
 async def _next_chunk(content: StreamReader, timeout_s: float) -> bytes:
@@ -118,17 +112,15 @@ async def _next_chunk(content: StreamReader, timeout_s: float) -> bytes:
             return data
 
 
-async def read_body(content: StreamReader, encoding: str, limit: int, read_timeout_s: float, body_timeout_s: float,
-                    buffer: bytearray | None = None) -> Body:
-    """The whole body of a request, at most `limit` bytes received and `limit` bytes decompressed,
-    gathered into `buffer` (grown when too small: the Body says which buffer holds it).
+async def read_body(content: StreamReader, encoding: str, limit: int, read_timeout_s: float, body_timeout_s: float) -> Body:
+    """The whole body of a request, at most `limit` bytes received and `limit` bytes decompressed.
 
     Raises BodyTooLarge (413) as soon as either passes the cap, BadEncoding (400), BodyTimeout (408)."""
-    buffer = bytearray() if buffer is None else buffer
     encoding = "" if encoding == "identity" else encoding
     inflater = _Inflater(encoding, limit) if encoding else None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + body_timeout_s
+    parts: list[bytes] = []
     size = 0
     while True:
         wait_s = min(read_timeout_s, deadline - loop.time())
@@ -142,11 +134,10 @@ async def read_body(content: StreamReader, encoding: str, limit: int, read_timeo
             raise BodyTimeout(f"no body data for {read_timeout_s:g} s")
         if not chunk:
             break
-        if size + len(chunk) > limit:
-            raise BodyTooLarge(f"body exceeds {limit} bytes")
-        buffer = _append(buffer, size, chunk)
         size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"body exceeds {limit} bytes")
+        parts.append(chunk)
         if inflater is not None:
             inflater.feed(chunk)
-    raw = memoryview(buffer)[:size]
-    return Body(raw, inflater.finish() if inflater is not None else raw, encoding, buffer)
+    return Body(parts, inflater.finish() if inflater is not None else parts, encoding)

@@ -31,7 +31,7 @@ from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from lightning_otel.collector.config import CollectorConfig
-from lightning_otel.collector.http_body import ENCODINGS, GZIP_ENCODING, BadEncoding, BodyTimeout, BodyTooLarge, read_body
+from lightning_otel.collector.http_body import ENCODINGS, GZIP_ENCODING, BadEncoding, Body, BodyTimeout, BodyTooLarge, read_body
 from lightning_otel.collector.ingest import Ingestor, Overloaded, Result
 from lightning_otel.collector.otlp_json import decode_json, encode_json
 from lightning_otel.collector.query_limits import QueryLimiter
@@ -46,8 +46,6 @@ JSON = "application/json"
 # the connection closes: closing with unread data makes the kernel reset the connection, and the
 # client may lose the answer.
 LINGER_S = 2.0
-# Bodies are read into reused buffers (http_body.py says why); this many are kept between requests.
-SPARE_BUFFERS = 8
 
 
 def _media_type(request: web.BaseRequest) -> str:
@@ -72,17 +70,20 @@ def _json_reply(code: int, payload: dict, headers: dict | None = None, close: bo
     return response
 
 
-def ingest(ingestor: Ingestor, content_type: str, data: memoryview | bytes, raw: memoryview, encoding: str) -> Result:
+def ingest(ingestor: Ingestor, content_type: str, body: Body) -> Result:
     """Decode one export body and log it durably (runs on the ingest pool: it blocks on fsync).
 
     A gzip protobuf body is logged as received (GZIP flag: less to write); JSON is logged as the
     protobuf it decodes to. Raises ValueError (400), Overloaded (429/503), OSError (503)."""
     if content_type == JSON:
-        request = decode_json(bytes(data))  # json.loads takes no memoryview
+        request = decode_json(body.data())
         stored, flags = request.SerializeToString(), 0
+    elif body.encoding == GZIP_ENCODING:
+        request = decode_request(body.data())
+        stored, flags = body.raw(), GZIP
     else:
-        request = decode_request(data)
-        stored, flags = (raw, GZIP) if encoding == GZIP_ENCODING else (data, 0)
+        stored, flags = body.data(), 0
+        request = decode_request(stored)
     return ingestor.export(request, stored, flags)
 
 
@@ -98,7 +99,6 @@ class OTLPHTTPServer:
         self._ingest_pool = ThreadPoolExecutor(max(1, config.max_inflight), thread_name_prefix="lightning-otel-ingest")
         self._query_pool = ThreadPoolExecutor(max(1, config.query_max_concurrent), thread_name_prefix="lightning-otel-query")
         self._exports = 0  # exports between admission and reply (event-loop thread only)
-        self._spare_buffers: list[bytearray] = []  # event-loop thread only
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -197,27 +197,22 @@ class OTLPHTTPServer:
         media_type = _media_type(request)
         reply_type = JSON if media_type == JSON else PROTOBUF
         config = self.config
-        buffer = self._spare_buffers.pop() if self._spare_buffers else bytearray()
         try:
             encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
             body = await read_body(request.content, encoding, config.max_body_bytes, config.http_read_timeout_s,
-                                   config.http_body_timeout_s, buffer)
+                                   config.http_body_timeout_s)
         except BodyTooLarge as exc:  # answered at once; the rest is read and dropped for LINGER_S, then closed
             return _status(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         except BodyTimeout as exc:
             return _status(408, code_pb2.DEADLINE_EXCEEDED, str(exc), reply_type, close=True)
         except BadEncoding as exc:
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        # In flight = being decoded and logged: a client still sending its body takes no slot.
+        if self._exports >= config.max_inflight:
+            return _status(429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type, headers={"Retry-After": "1"})
+        self._exports += 1
         try:
-            # In flight = being decoded and logged: a client still sending its body takes no slot.
-            if self._exports >= config.max_inflight:
-                return _status(429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type, headers={"Retry-After": "1"})
-            self._exports += 1
-            try:
-                result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type, body.data,
-                                                          body.raw, body.encoding)
-            finally:
-                self._exports -= 1
+            result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type, body)
         except ValueError as exc:
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         except Overloaded as exc:
@@ -227,9 +222,7 @@ class OTLPHTTPServer:
             log.error("write-ahead log append failed: %s", exc)
             return _status(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
         finally:
-            body.release()  # nothing reads the buffer any more: the log append has returned
-            if len(self._spare_buffers) < SPARE_BUFFERS:
-                self._spare_buffers.append(body.buffer)
+            self._exports -= 1
         response = ExportTraceServiceResponse()
         if result.rejected:
             response.partial_success.rejected_spans = result.rejected
@@ -270,7 +263,7 @@ class OTLPHTTPServer:
             return _json_reply(408, {"error": str(exc)}, close=True)
         except ValueError as exc:
             return _json_reply(400, {"error": str(exc)})
-        code, payload, headers = await self.queries.answer_async(bytes(body.data), self._query_pool)
+        code, payload, headers = await self.queries.answer_async(body.data(), self._query_pool)
         return _json_reply(code, payload, headers)
 
     async def _not_found(self, request: web.Request) -> web.Response:

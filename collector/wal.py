@@ -42,11 +42,11 @@ def fsync_path(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, header: bytes, payload: bytes | memoryview) -> None:
+def _write_all(fd: int, header: bytes, payload: bytes) -> None:
     """Write header + payload without joining them (a join copies megabytes per export)."""
     written = os.writev(fd, [header, payload])
     if written < len(header) + len(payload):  # a short write: finish it plainly
-        view = memoryview(b"".join((header, payload)))[written:]
+        view = memoryview(header + payload)[written:]
         while view:
             view = view[os.write(fd, view) :]
 
@@ -84,7 +84,7 @@ class WriteAheadLog:
                 continue
         return total
 
-    def append(self, payload: bytes | memoryview, flags: int = 0) -> None:
+    def append(self, payload: bytes, flags: int = 0) -> None:
         """Write one record; return once an fsync covers it."""
         header = _HEADER.pack(len(payload), zlib.crc32(payload), flags)
         rotate_after = False
