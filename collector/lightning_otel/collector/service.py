@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from lightning_otel.collector.config import CollectorConfig
@@ -38,7 +37,6 @@ class Collector:
         self.http: OTLPHTTPServer | None = None
         self.grpc = None
         self.grpc_port = 0
-        self._http_thread: threading.Thread | None = None
 
     @property
     def data_dir(self) -> Path | str:
@@ -53,10 +51,7 @@ class Collector:
         config = self.config
         self.pipeline.start()
         if config.http_port:
-            self.http = OTLPHTTPServer(config.host, config.http_port, self.ingestor, self.store.uri,
-                                       config.token, config.query_token, config.max_body_bytes)  # fmt: skip
-            self._http_thread = threading.Thread(target=self.http.serve_forever, name="lightning-otel-http", daemon=True)
-            self._http_thread.start()
+            self.http = OTLPHTTPServer(config, self.ingestor, self.store.uri).start()
         if config.grpc_port:
             self.grpc, self.grpc_port = start_grpc_server(config.host, config.grpc_port, self.ingestor, config.token)
         return self
@@ -67,8 +62,7 @@ class Collector:
 
     def stop(self) -> None:
         if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
+            self.http.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=5).wait()
         self.pipeline.stop()

@@ -6,7 +6,8 @@ else) is a SQL client of this server:
   GET  /, /app.js, ...     the static files of dashboards/web/
   GET  /v1/config          the span-schema names the page's SQL needs, and what this server offers
   POST /v1/query           {"sql": "SELECT ..."} -> {"columns", "rows", "truncated"}: one read-only
-                           statement in the collector's sandbox (collector.query.run_query)
+                           statement in the collector's sandbox, with its time limit and cap on
+                           queries at once (collector.query_limits.QueryLimiter)
   POST /v1/detokenize      {"ids": [...]} -> {"tokens": [...]}, each id's text piece (--tokenizer)
 
 With --query-token (or $LIGHTNING_OTEL_QUERY_TOKEN) the two POST routes want `Authorization:
@@ -31,6 +32,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from lightning_otel.collector.config import DEFAULT_QUERY_MAX_CONCURRENT, DEFAULT_QUERY_TIMEOUT_S
 from lightning_otel.core.auth import bearer_ok
 
 log = logging.getLogger(__name__)
@@ -195,16 +197,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._detokenize(body)
 
     def _query(self, body: bytes) -> None:
-        import duckdb
-
-        from lightning_otel.collector.query import run_query
-
-        try:
-            payload = run_query(self.server.data_dir, json.loads(body)["sql"])
-        except (ValueError, KeyError, TypeError, duckdb.Error) as exc:
-            self._json(400, {"error": str(exc)})
-            return
-        self._json(200, payload)
+        code, payload, headers = self.server.queries().answer(body)
+        self._json(code, payload, headers)
 
     def _detokenize(self, body: bytes) -> None:
         if self.server.detokenizer is None:
@@ -224,15 +218,36 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str, port: int, data_dir: str, query_token: str | None = None,
-                 detokenizer: Detokenizer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        data_dir: str,
+        query_token: str | None = None,
+        detokenizer: Detokenizer | None = None,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        query_max_concurrent: int = DEFAULT_QUERY_MAX_CONCURRENT,
+    ) -> None:
         self.data_dir = data_dir
         self.query_token = query_token
         self.detokenizer = detokenizer
+        self.query_timeout_s = query_timeout_s
+        self.query_max_concurrent = query_max_concurrent
+        self._queries = None  # made at the first query: it imports duckdb
+        self._queries_lock = threading.Lock()
         self.loopback_only = host in LOOPBACK_NAMES
         # Served by name from a fixed list: no path from a request ever reaches the file system.
         self.static_files = {p.name: p for p in WEB_DIR.iterdir() if p.is_file() and p.suffix in CONTENT_TYPES}
         super().__init__((host, port), _Handler)
+
+    def queries(self):  # noqa: ANN201 - collector.query_limits.QueryLimiter, imported late
+        """The same limits as the collector's POST /v1/query: time, queries at once, memory."""
+        with self._queries_lock:
+            if self._queries is None:
+                from lightning_otel.collector.query_limits import QueryLimiter
+
+                self._queries = QueryLimiter(self.data_dir, self.query_timeout_s, self.query_max_concurrent)
+            return self._queries
 
     @property
     def url(self) -> str:
@@ -248,7 +263,8 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"lightning-otel dashboard: --tokenizer: {exc}", file=sys.stderr)
         return 2
-    server = DashboardServer(args.host, args.port, args.data_dir, args.query_token or None, detokenizer)
+    server = DashboardServer(args.host, args.port, args.data_dir, args.query_token or None, detokenizer,
+                             args.query_timeout_s, args.query_max_concurrent)
     # SIGTERM stops serving like Ctrl-C does; shutdown() must come from another thread.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     empty = "" if Store(args.data_dir).has_data() else " (no spans yet; the page fills in as they arrive)"
@@ -273,4 +289,9 @@ def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private
                    help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]")
     p.add_argument("--query-token", default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
                    help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]")
+    p.add_argument("--query-timeout-s", type=float, default=float(env("LIGHTNING_OTEL_QUERY_TIMEOUT_S", DEFAULT_QUERY_TIMEOUT_S)),
+                   help="seconds a POST /v1/query statement may run before it is stopped (504) [$LIGHTNING_OTEL_QUERY_TIMEOUT_S]")
+    p.add_argument("--query-max-concurrent", type=int,
+                   default=int(env("LIGHTNING_OTEL_QUERY_MAX_CONCURRENT", DEFAULT_QUERY_MAX_CONCURRENT)),
+                   help="POST /v1/query statements running at once before 429 [$LIGHTNING_OTEL_QUERY_MAX_CONCURRENT]")
     p.set_defaults(func=_cmd_dashboard)
