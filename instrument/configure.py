@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 
@@ -132,7 +134,14 @@ _state: Instrumentation | None = None
 _lock = threading.Lock()
 
 
-def _endpoint(explicit: str | None) -> str:
+SPANS_DESTINATION = (  # for the --help of commands that export spans
+    "--otlp-endpoint URL if given, else $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + "
+    f"/v1/traces, else {DEFAULT_ENDPOINT} (the collector's default)"
+)
+
+
+def traces_endpoint(explicit: str | None = None) -> str:
+    """Where spans are exported: SPANS_DESTINATION, in that order (the OpenTelemetry variables' rules)."""
     if explicit:
         return explicit
     if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
@@ -140,6 +149,17 @@ def _endpoint(explicit: str | None) -> str:
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
     return DEFAULT_ENDPOINT
+
+
+def endpoint_listening(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at the URL's host and port (a collector, presumably)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _timeout() -> float:
@@ -190,7 +210,7 @@ def instrument(
         if _state is not None:
             return _state
         set_encoding(token_encoding)
-        url = _endpoint(endpoint)
+        url = traces_endpoint(endpoint)
         current = trace.get_tracer_provider()
         if isinstance(current, TracerProvider):
             provider = current  # someone configured the SDK already: add to it, don't replace it

@@ -126,12 +126,13 @@ def _cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from lightning_otel.instrument.gateway import GatewayConfig, serve
+    from lightning_otel.instrument.gateway import DEFAULT_MAX_BODY_BYTES, GatewayConfig, serve
 
     serve(GatewayConfig(
         upstreams=args.upstream, host=args.host, port=args.port, token=args.token,
         upstream_api_key=args.upstream_api_key, timeout_s=args.timeout, retries=args.retries,
         hide_inputs=args.hide_inputs, hide_outputs=args.hide_outputs, admin_token=args.admin_token,
+        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, otlp_endpoint=args.otlp_endpoint,
     ))  # fmt: skip
     return 0
 
@@ -159,13 +160,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from lightning_otel.instrument.configure import traces_endpoint
     from lightning_otel.trainer.config import load_config
+
+    overrides = {k: v for k, v in vars(args).items() if "." in k}
+    config = load_config(args.config, overrides)
+    if os.environ.get("RANK", "0") == "0":  # before torch's imports: said at once
+        print(f"lightning-otel train: spans -> {traces_endpoint(config.store.otlp_endpoint)}", file=sys.stderr, flush=True)
     from lightning_otel.trainer.job import JobFailed, LockHeld
     from lightning_otel.trainer.training_run import run_once
 
-    overrides = {k: v for k, v in vars(args).items() if "." in k}
     try:
-        summary = run_once(load_config(args.config, overrides), progress=not args.json)
+        summary = run_once(config, progress=not args.json)
     except LockHeld as exc:
         print(f"lightning-otel train: {exc}", file=sys.stderr)
         return 3
@@ -197,7 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     data_dir = os.environ.get("LIGHTNING_OTEL_DATA_DIR", "./lightning-data")
 
-    p = sub.add_parser("collector", help="run the OTLP collector (traces -> Parquet)")
+    p = sub.add_parser("collector", help="run the OTLP collector (traces -> Parquet)", description=(
+        "Receives spans over OTLP/HTTP (POST /v1/traces on --http-port, default 4318) and OTLP/gRPC (--grpc-port, "
+        "default 4317) and stores them as Parquet under --data-dir; sends no spans of its own. Exporters reach it at "
+        "http://HOST:HTTP_PORT/v1/traces: the default of instrument(), the gateway and train."))
     from lightning_otel.collector.config import CollectorConfig  # dependency-free: --help works without extras
 
     _add_dataclass_flags(p, CollectorConfig, _COLLECTOR_HELP)
@@ -210,7 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.set_defaults(func=_cmd_sql)
 
-    p = sub.add_parser("gateway", help="OpenAI-compatible proxy in front of vLLM that records every call")
+    from lightning_otel.instrument.configure import SPANS_DESTINATION
+
+    p = sub.add_parser("gateway", help="OpenAI-compatible proxy in front of vLLM that records every call",
+                       description=f"Sends one LLM span per call over OTLP/HTTP to {SPANS_DESTINATION}.")
     env = os.environ.get
     p.add_argument("--upstream", action="append", required=env("LIGHTNING_OTEL_UPSTREAM") is None,
                    default=env("LIGHTNING_OTEL_UPSTREAM", "").split(",") if env("LIGHTNING_OTEL_UPSTREAM") else None,
@@ -225,9 +237,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hide-outputs", action="store_true", help="redact response text in spans (token ids kept)")
     p.add_argument("--admin-token", default=env("LIGHTNING_OTEL_GATEWAY_ADMIN_TOKEN"),
                    help="enables /admin/swap (weight swaps without dropped requests) behind this bearer token")
+    p.add_argument("--max-body-bytes", type=int, default=env("LIGHTNING_OTEL_GATEWAY_MAX_BODY_BYTES"),
+                   help="largest request body accepted; larger ones get 413 (default 64 MiB) [$LIGHTNING_OTEL_GATEWAY_MAX_BODY_BYTES]")
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="OTLP/HTTP traces URL of the collector, e.g. http://127.0.0.1:4318/v1/traces "
+                        "(default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, "
+                        "else http://127.0.0.1:4318/v1/traces)")
     p.set_defaults(func=_cmd_gateway)
 
-    p = sub.add_parser("serve", help="start vLLM with what capture and hot-swap need, and keep it running")
+    p = sub.add_parser("serve", help="start vLLM with what capture and hot-swap need, and keep it running", description=(
+        "Sends no spans: vLLM's token ids and logprobs reach the collector on the spans of the agent "
+        "(lightning_otel.instrument()) or of the gateway in front of it."))
     p.add_argument("--model", required=True, help="a Hugging Face model folder")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")
@@ -245,7 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("vllm_args", nargs="*", help="after --: passed to vLLM (e.g. -- --tensor-parallel-size 2)")
     p.set_defaults(func=_cmd_serve)
 
-    p = sub.add_parser("train", help="one scheduled training run: select, update, checkpoint, swap, exit")
+    p = sub.add_parser("train", help="one scheduled training run: select, update, checkpoint, swap, exit", description=(
+        f"Sends a train_step span and the merge diagnostics of each run over OTLP/HTTP to {SPANS_DESTINATION}; "
+        "--otlp-endpoint is [store] otlp_endpoint."))
     from lightning_otel.trainer.config import add_flags  # dependency-free: --help works without extras
 
     add_flags(p)

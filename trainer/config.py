@@ -93,7 +93,8 @@ def add_flags(parser) -> None:  # noqa: ANN001 - argparse parser
     parser.add_argument("--config", help="a TOML file with [store], [model], [server], [selection], [update], [checkpoints]")
     for section, cls in _SECTIONS.items():
         for f in dataclasses.fields(cls):
-            parser.add_argument(f"--{section}-{f.name}".replace("_", "-"), dest=f"{section}.{f.name}", default=None,
+            alias = ["--otlp-endpoint"] if (section, f.name) == ("store", "otlp_endpoint") else []  # as the gateway's
+            parser.add_argument(f"--{section}-{f.name}".replace("_", "-"), *alias, dest=f"{section}.{f.name}", default=None,
                                 help=f"[{section}] {f.name} (default {f.default if f.default is not dataclasses.MISSING else '[]'})")  # fmt: skip
 
 

@@ -204,10 +204,10 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from lightning_otel.instrument.configure import _endpoint
+    from lightning_otel.instrument.configure import traces_endpoint
 
     provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: "lightning-trainer"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint(config.store.otlp_endpoint), timeout=5)))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_endpoint(config.store.otlp_endpoint), timeout=5)))
     tracer = provider.get_tracer("lightning_otel.trainer")
     # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
     records = diagnose(result.batch, _tokenizer(config.model.base))
