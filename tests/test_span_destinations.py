@@ -59,18 +59,20 @@ def test_the_endpoint_is_the_flag_then_the_standard_variables_then_the_default(m
     assert traces_endpoint("http://flag:3/v1/traces") == "http://flag:3/v1/traces"
 
 
-def test_train_says_where_its_spans_go_first(tmp_path):
+@pytest.mark.parametrize("flag", [[], ["--otlp-endpoint", "http://127.0.0.1:8/v1/traces"]])
+def test_train_says_where_its_spans_go_first(tmp_path, flag):
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "1"}
     env.pop("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", None)
     process = subprocess.Popen([sys.executable, "-m", "lightning_otel", "train", "--store-data-dir", str(tmp_path / "store"),
-                                "--checkpoints-dir", str(tmp_path / "ck"), "--model-base", str(tmp_path / "no-model")],
+                                "--checkpoints-dir", str(tmp_path / "ck"), "--model-base", str(tmp_path / "no-model"), *flag],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     try:
         first = process.stderr.readline()
     finally:
         process.kill()
         process.wait()
-    assert first.strip() == "lightning-otel train: spans -> http://127.0.0.1:9/v1/traces"
+    expected = flag[1] if flag else "http://127.0.0.1:9/v1/traces"
+    assert first.strip() == f"lightning-otel train: spans -> {expected}"
 
 
 def test_the_gateway_beside_a_collector_on_another_port_sends_its_spans_there(vllm_server, tmp_path):
