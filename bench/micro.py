@@ -1,5 +1,6 @@
 """Micro-benchmarks behind the per-item figures in BENCHMARKS.md: each compiled helper against the
-path it replaces, in a tight loop (median of 7 repeats, microseconds per item).
+path it replaces, in a tight loop (median of 7 repeats, microseconds of this process's CPU per item:
+CPU time rather than wall time, so that other work on a shared machine does not count).
 
     python bench/micro.py
 
@@ -25,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 import timeit
 from pathlib import Path
 
@@ -33,9 +35,9 @@ sys.path.insert(0, str(HERE))
 
 
 def per_item_us(fn, items: int, number: int) -> float:  # noqa: ANN001
-    """Median over 7 repeats of `number` calls of fn, in microseconds per item (fn handles `items`)."""
+    """Median over 7 repeats of `number` calls of fn, in CPU microseconds per item (fn handles `items`)."""
     fn()  # warm caches and lazy imports
-    runs = timeit.repeat(fn, number=number, repeat=7)
+    runs = timeit.repeat(fn, number=number, repeat=7, timer=time.process_time)
     return statistics.median(runs) / number / items * 1e6
 
 
@@ -117,7 +119,7 @@ def main() -> None:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     compiled, pure = run(False), run(True)
-    print(f"{'us per item (median of 7)':<40} {'compiled':>10} {'pure Python':>12}")
+    print(f"{'CPU us per item (median of 7)':<40} {'compiled':>10} {'pure Python':>12}")
     for name in list(dict.fromkeys([*compiled, *pure])):
         cells = [f"{d[name]:.2f}" if name in d else "-" for d in (compiled, pure)]
         print(f"{name:<40} {cells[0]:>10} {cells[1]:>12}")

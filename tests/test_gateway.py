@@ -147,7 +147,8 @@ def test_an_idempotency_key_reused_with_another_body_gets_422_and_reaches_no_ser
     with FlakyProxy("127.0.0.1", vllm_server.port, hold=hold) as proxy:
         with GatewayProcess([proxy.url], session_collector.traces_endpoint, log_path=tmp_path / "g.log") as gateway:
             rollout_id = f"idem422-{uuid.uuid4().hex[:8]}"
-            client = openai.OpenAI(base_url=f"{gateway.url}/rollout/{rollout_id}/v1", api_key="x", max_retries=0)
+            # a timeout: were the different body answered as the same request, it would wait for the held first one
+            client = openai.OpenAI(base_url=f"{gateway.url}/rollout/{rollout_id}/v1", api_key="x", max_retries=0, timeout=30)
             send = dict(model="policy", messages=[{"role": "user", "content": "once"}], max_tokens=5,
                         extra_headers={"Idempotency-Key": "key-422"})
             with ThreadPoolExecutor(1) as pool:
@@ -159,7 +160,7 @@ def test_an_idempotency_key_reused_with_another_body_gets_422_and_reaches_no_ser
                 first = pending.result(timeout=120)
             with pytest.raises(openai.UnprocessableEntityError) as after:
                 client.chat.completions.create(**{**send, "messages": [{"role": "user", "content": "twice"}]})
-            other_route = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+            other_route = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=30)
             with pytest.raises(openai.UnprocessableEntityError):
                 other_route.chat.completions.create(**send)
             again = client.chat.completions.create(**send)
