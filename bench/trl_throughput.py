@@ -8,6 +8,12 @@ both: TRL gets them from an offline `rollout_func`. Reports real tokens/s per op
 step (the tokens of every sample's sequence, as TRL counts them, divided by the step's time) for each
 of our row layouts, and their padding fraction (shared prefixes are computed once, so that layout
 processes fewer tokens than it is credited with: that is its point).
+
+Both sides are timed alike: a step starts from the stored samples, so it includes building the batch
+(ours: `build_batch` -- merge, advantages, weights -- then `policy_update`, which lays out rows; TRL:
+its whole optimizer step, `rollout_func`, padding and rewards included). The first step of each is a
+warm-up and not timed. TRL's padding share is what its model is fed: masked positions / positions,
+over every forward pass.
 """
 
 from __future__ import annotations
@@ -52,16 +58,16 @@ def ours(model_dir: Path, steps: int, layout: str) -> tuple[float, float]:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = UpdateConfig(learning_rate=1e-5, layout=layout, pack_length=512 if layout == "packed" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
-    batch = build_batch(Selection(rollouts, {}), config=config)
-    real = sum(len(s.token_ids) for s in batch.samples)
-    policy_update(model, optimizer, batch, config)  # warm-up
+    policy_update(model, optimizer, build_batch(Selection(rollouts, {}), config=config), config)  # warm-up
     begin = time.perf_counter()
     for _ in range(steps):
+        batch = build_batch(Selection(rollouts, {}), config=config)
         metrics = policy_update(model, optimizer, batch, config)
+    real = sum(len(s.token_ids) for s in batch.samples)
     return real * steps / (time.perf_counter() - begin), metrics["padding_fraction"]
 
 
-def trl(model_dir: Path, steps: int) -> float:
+def trl(model_dir: Path, steps: int) -> tuple[float, float]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -92,9 +98,19 @@ def trl(model_dir: Path, steps: int) -> float:
         beta=0.0, dataloader_num_workers=0,
     )  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), reward_funcs=reward_func,
-                          args=args, train_dataset=Dataset.from_list([{"prompt": p} for p in index]),
-                          processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    fed = {"positions": 0, "real": 0}
+
+    def count_padding(_module, args, kwargs):  # noqa: ANN001, ANN202
+        mask = kwargs.get("attention_mask")
+        if mask is not None:
+            fed["positions"] += mask.numel()
+            fed["real"] += int(mask.sum())
+
+    model.register_forward_pre_hook(count_padding, with_kwargs=True)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_func, args=args,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in index]),
+                          processing_class=tokenizer, rollout_func=rollout_func)
     times = []
 
     class Timer:  # a transformers callback: time each optimizer step
@@ -109,7 +125,9 @@ def trl(model_dir: Path, steps: int) -> float:
     times.append(time.perf_counter())
     real = sum(len(p) + len(c) for p, group in zip(prompts, completions) for c in group)
     step_times = np.diff(times)[1:]  # skip the first (warm-up) step
-    return real / float(np.mean(step_times))
+    if not fed["positions"]:
+        raise RuntimeError("TRL called the model without an attention_mask keyword: its padding was not seen")
+    return real / float(np.mean(step_times)), 1 - fed["real"] / fed["positions"]
 
 
 def main() -> None:
@@ -125,10 +143,10 @@ def main() -> None:
     params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     print(f"model: {params / 1e6:.1f}M parameters; {PROMPTS} prompts x {GENERATIONS} completions per step")
     results = {layout: ours(model_dir, args.steps, layout) for layout in ("shared_prefix", "sorted", "packed")}
-    theirs = trl(model_dir, args.steps)
+    theirs, their_padding = trl(model_dir, args.steps)
     for layout, (rate, padding) in results.items():
         print(f"ours, {layout:>13} rows: {rate:,.0f} real tokens/s, padding {100 * padding:.1f}%")
-    print(f"TRL GRPOTrainer (padded):  {theirs:,.0f} real tokens/s")
+    print(f"TRL GRPOTrainer (padded):  {theirs:,.0f} real tokens/s, padding {100 * their_padding:.1f}%")
     print(f"ours (shared_prefix, the default) / TRL = {results['shared_prefix'][0] / theirs:.2f}x")
 
 

@@ -81,8 +81,8 @@ def dashboard(demo_run):
 def browser():
     from playwright import sync_api  # the dev extra
 
-    # .ci/run installs Debian's chromium; without it these tests fail, they do not skip.
-    assert Path(CHROMIUM).exists(), f"no {CHROMIUM}: apt-get install chromium (see .ci/run)"
+    # `make test` installs Debian's chromium; without it these tests fail, they do not skip.
+    assert Path(CHROMIUM).exists(), f"no {CHROMIUM}: apt-get install chromium (`make test` does)"
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched

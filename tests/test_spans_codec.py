@@ -49,7 +49,7 @@ def assert_same(body: bytes) -> None:
 
 
 def test_the_extension_is_built_here():
-    # .ci/run installs the package with a C compiler present: the fast path must be there.
+    # `make test` installs the package with a C compiler present: the fast path must be there.
     assert span_decoder.available(), "collector/lightning_otel/collector/_spans_codec.c was not built into the installed package"
 
 

@@ -118,7 +118,9 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
     try:
         print(f"starting collector and vLLM (logs in {workdir})", flush=True)
         collector.start()
+        vllm_began = time.perf_counter()
         vllm.start()
+        print(f"vLLM answered /health {time.perf_counter() - vllm_began:.0f} s after its start", flush=True)
         config = _train_config(workdir, policy_dir, collector, vllm, learning_rate)
         agent_env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.traces_endpoint}
         print(HEADER, flush=True)

@@ -281,7 +281,8 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private subparsers type
     env = os.environ.get
-    p = sub.add_parser("dashboard", help="web dashboard over the trace store: overview, training, rollout explorer")
+    p = sub.add_parser("dashboard", help="web dashboard over the trace store: overview, training, rollout explorer",
+                       description="Reads the trace store (--data-dir) with SQL; sends no spans.")
     p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from lightning_otel.core.auth import bearer_ok
 from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap, require_finite
+from lightning_otel.gateway.server import error_response
 
 _DRAIN_TIMEOUT_S = 600.0
 
@@ -86,23 +87,23 @@ def routes(gateway) -> list[web.RouteDef]:  # noqa: ANN001 - a Gateway
 
     async def swap(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
-            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+            return error_response(403, "admin routes need --admin-token and its bearer token", "permission_error")
         try:
             body = await request.json()
             mode = body.get("mode", "full")
             async with lock:
                 result = await (swap_lora if mode == "lora" else swap_full)(gateway, body)
         except (KeyError, ValueError, TypeError) as exc:
-            return web.json_response({"error": f"bad swap request: {exc}"}, status=400)
+            return error_response(400, f"bad swap request: {exc}", "invalid_request_error")
         except SwapError as exc:
-            return web.json_response({"error": str(exc)}, status=502)
+            return error_response(502, str(exc), "swap_failed")
         except asyncio.TimeoutError:
-            return web.json_response({"error": "requests in flight did not drain in time"}, status=504)
+            return error_response(504, "requests in flight did not drain in time", "drain_timeout")
         return web.json_response(result)
 
     async def state(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
-            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+            return error_response(403, "admin routes need --admin-token and its bearer token", "permission_error")
         return web.json_response({
             "replicas": [{"url": u.url, "version": u.version, "inflight": u.inflight, "healthy": u.healthy}
                          for u in gateway.upstreams],

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_otel.core.flags import setting
+from lightning_otel.core.otlp import ENDPOINT_HELP
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -21,3 +24,5 @@ class GatewayConfig:
     hide_inputs: bool = setting(False, "redact request text in spans (token ids kept)")
     hide_outputs: bool = setting(False, "redact response text in spans (token ids kept)")
     admin_token: str | None = setting(None, "enables /admin/swap (weight swaps without dropped requests) behind this bearer token")
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "largest request body accepted; larger ones get 413")
+    otlp_endpoint: str | None = setting(None, ENDPOINT_HELP)

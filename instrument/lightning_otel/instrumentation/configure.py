@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 
