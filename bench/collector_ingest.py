@@ -31,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from payloads import build_request  # noqa: E402
+from payloads import build_request
 
-from lightning_otel.collector.span_rows import decode_request  # noqa: E402
+from lightning_otel.collector.span_rows import decode_request
 
 PAYLOADS = {"a": (1000, False), "b": (200, True)}
 
@@ -53,7 +53,7 @@ def variants(base: bytes, count: int, seed: int) -> list[bytes]:
     return out
 
 
-def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:  # noqa: ANN001 - mp queue
+def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
     while time.time() < start_at:
@@ -94,7 +94,11 @@ def _tree(pid: int) -> list[int]:
 
 def _peak_rss_kib(pid: int) -> int:
     try:
-        return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
+        return next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
     except (OSError, StopIteration):
         return 0
 
@@ -168,8 +172,12 @@ def measure_ours(args: argparse.Namespace, bodies: list[bytes], total_spans: int
     from lightning_otel.collector import connect
     from lightning_otel.core.servers import CollectorProcess
 
-    collector = CollectorProcess(workdir / "data", flush_interval_s=1.0, log_path=workdir / "collector.log",
-                                 extra_args=["--workers", str(args.workers)]).start()
+    collector = CollectorProcess(
+        workdir / "data",
+        flush_interval_s=1.0,
+        log_path=workdir / "collector.log",
+        extra_args=["--workers", str(args.workers)],
+    ).start()
     try:
         pid = collector.process.pid
         cpu_before = {"receiver": cpu_seconds(pid), "workers": cpu_seconds_children(pid)}
@@ -177,12 +185,17 @@ def measure_ours(args: argparse.Namespace, bodies: list[bytes], total_spans: int
         out = ack_figures(records, total_spans, sum(len(b) for b in bodies))
         footers: dict[Path, int] = {}
         while True:  # cheap footer polls; the view's count confirms (and is timed)
-            if parquet_rows(collector.data_dir, footers) >= total_spans:
-                if connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] >= total_spans:
-                    break
+            if (
+                parquet_rows(collector.data_dir, footers) >= total_spans
+                and connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] >= total_spans
+            ):
+                break
             time.sleep(0.05)
         queryable = time.time()
-        cpu = {"receiver": cpu_seconds(pid) - cpu_before["receiver"], "workers": cpu_seconds_children(pid) - cpu_before["workers"]}
+        cpu = {
+            "receiver": cpu_seconds(pid) - cpu_before["receiver"],
+            "workers": cpu_seconds_children(pid) - cpu_before["workers"],
+        }
         cpu["receiver"] -= cpu["workers"]
         cpu["senders"] = sender_cpu
         out["seconds_until_queryable_after_last_ack"] = queryable - max(r[3] for r in records)
@@ -234,11 +247,19 @@ def main() -> None:
     parser.add_argument("--payload", choices=PAYLOADS, default="a")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--senders", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)"
+    )
     parser.add_argument("--target", help="post to this URL instead of starting our collector")
-    parser.add_argument("--against", choices=("phoenix",), help="after our collector, the same bodies against this receiver")
-    parser.add_argument("--phoenix-python", default="/work/phoenix-venv/bin/python", help="python of a venv with arize-phoenix")
-    parser.add_argument("--phoenix-timeout-s", type=float, default=1800, help="longest wait for Phoenix to store everything")
+    parser.add_argument(
+        "--against", choices=("phoenix",), help="after our collector, the same bodies against this receiver"
+    )
+    parser.add_argument(
+        "--phoenix-python", default="/work/phoenix-venv/bin/python", help="python of a venv with arize-phoenix"
+    )
+    parser.add_argument(
+        "--phoenix-timeout-s", type=float, default=1800, help="longest wait for Phoenix to store everything"
+    )
     parser.add_argument("--plain-arrays", action="store_true", help="(b) with OTLP int/double arrays, not packed")
     parser.add_argument("--token-encoding", choices=("bytes", "base64"), default="bytes", help="(b) packed as")
     parser.add_argument("--json", help="also write the results here")
@@ -254,10 +275,20 @@ def main() -> None:
     bodies = variants(base, args.requests, seed=1)
     total_spans = spans_per_request * len(bodies)
     total_bytes = sum(len(b) for b in bodies)
-    print(f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
-          f"{total_bytes / len(bodies) / 1e6:.1f} MB per request", flush=True)
-    setup = {"payload": args.payload, "requests": len(bodies), "spans": total_spans, "senders": args.senders,
-             "workers": args.workers, "plain_arrays": args.plain_arrays, "token_encoding": args.token_encoding}
+    print(
+        f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
+        f"{total_bytes / len(bodies) / 1e6:.1f} MB per request",
+        flush=True,
+    )
+    setup = {
+        "payload": args.payload,
+        "requests": len(bodies),
+        "spans": total_spans,
+        "senders": args.senders,
+        "workers": args.workers,
+        "plain_arrays": args.plain_arrays,
+        "token_encoding": args.token_encoding,
+    }
     workdir = Path(tempfile.mkdtemp(prefix="lightning-bench-"))
     try:
         if args.target:
@@ -270,8 +301,10 @@ def main() -> None:
             if args.against == "phoenix":
                 phoenix = measure_phoenix(args, bodies, total_spans, workdir)
                 _print("Arize Phoenix, same bodies", phoenix)
-                ratios = {"ack_ratio": out["ack_spans_per_s"] / phoenix["ack_spans_per_s"],
-                          "stored_ratio": out["parquet_spans_per_s"] / max(phoenix["stored_spans_per_s"], 1e-9)}
+                ratios = {
+                    "ack_ratio": out["ack_spans_per_s"] / phoenix["ack_spans_per_s"],
+                    "stored_ratio": out["parquet_spans_per_s"] / max(phoenix["stored_spans_per_s"], 1e-9),
+                }
                 _print("lightning-otel / Phoenix", ratios)
                 out = {**out, "phoenix": phoenix, **ratios}
         if args.json:

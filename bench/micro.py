@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def per_item_us(fn, items: int, number: int) -> float:  # noqa: ANN001
+def per_item_us(fn, items: int, number: int) -> float:
     """Median over 7 repeats of `number` calls of fn, in CPU microseconds per item (fn handles `items`)."""
     fn()  # warm caches and lazy imports
     runs = timeit.repeat(fn, number=number, repeat=7, timer=time.process_time)
@@ -44,12 +44,21 @@ def per_item_us(fn, items: int, number: int) -> float:  # noqa: ANN001
 def lean_span_attributes() -> dict:
     from stub_vllm import response
 
-    from lightning_otel.instrumentation.openinference_attributes import request_attributes, response_attributes
     from lightning_otel.core.vllm_endpoint import CHAT, token_attributes
+    from lightning_otel.instrumentation.openinference_attributes import request_attributes, response_attributes
 
     answer = json.loads(response(True, True))
-    request = {"model": "policy", "messages": [{"role": "user", "content": "hello " * 500}], "max_tokens": 32, "logprobs": True}
-    return {**request_attributes(CHAT, request, False), **response_attributes(CHAT, answer, False), **token_attributes(CHAT, answer)}
+    request = {
+        "model": "policy",
+        "messages": [{"role": "user", "content": "hello " * 500}],
+        "max_tokens": 32,
+        "logprobs": True,
+    }
+    return {
+        **request_attributes(CHAT, request, False),
+        **response_attributes(CHAT, answer, False),
+        **token_attributes(CHAT, answer),
+    }
 
 
 def measure() -> dict[str, float]:
@@ -89,7 +98,9 @@ def measure() -> dict[str, float]:
 
     table = pa.Table.from_batches([batch_from_body(a)])
     for label, options in (("parquet snappy (a)", LIVE_WRITE_OPTIONS), ("parquet zstd-1 (a)", WRITE_OPTIONS)):
-        out[label] = per_item_us(lambda options=options: pq.write_table(table, pa.BufferOutputStream(), **options), 1000, 3)
+        out[label] = per_item_us(
+            lambda options=options: pq.write_table(table, pa.BufferOutputStream(), **options), 1000, 3
+        )
 
     full, bare = response(True, True), response(False, False)
     out["json.loads 5.4 KB answer"] = per_item_us(lambda: json.loads(full), 1, 2000)
@@ -103,8 +114,12 @@ def measure() -> dict[str, float]:
     timing.add_span_processor(SpanProcessor())  # spans go nowhere: the span's own cost
     timed = timing.get_tracer("bench")
     small = {f"key.{i}": f"value {i}" for i in range(10)}
-    out["span start to end, SDK"] = per_item_us(lambda: timed.start_span("s", kind=SpanKind.CLIENT, attributes=dict(small)).end(), 1, 5000)
-    out["span start to end, DirectSpan"] = per_item_us(lambda: start_span(timed, "s", SpanKind.CLIENT, dict(small)).end(), 1, 5000)
+    out["span start to end, SDK"] = per_item_us(
+        lambda: timed.start_span("s", kind=SpanKind.CLIENT, attributes=dict(small)).end(), 1, 5000
+    )
+    out["span start to end, DirectSpan"] = per_item_us(
+        lambda: start_span(timed, "s", SpanKind.CLIENT, dict(small)).end(), 1, 5000
+    )
     return out
 
 
@@ -114,8 +129,14 @@ def main() -> None:
         return
 
     def run(pure: bool) -> dict[str, float]:
-        env = {**os.environ, "LIGHTNING_OTEL_PURE_PYTHON": "1"} if pure else {k: v for k, v in os.environ.items() if k != "LIGHTNING_OTEL_PURE_PYTHON"}
-        out = subprocess.run([sys.executable, __file__, "--this-process"], env=env, capture_output=True, text=True, check=True)
+        env = (
+            {**os.environ, "LIGHTNING_OTEL_PURE_PYTHON": "1"}
+            if pure
+            else {k: v for k, v in os.environ.items() if k != "LIGHTNING_OTEL_PURE_PYTHON"}
+        )
+        out = subprocess.run(
+            [sys.executable, __file__, "--this-process"], env=env, capture_output=True, text=True, check=True
+        )
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     compiled, pure = run(False), run(True)

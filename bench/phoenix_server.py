@@ -43,13 +43,23 @@ class PhoenixProcess(ManagedProcess):
 
     def environment(self) -> dict[str, str]:
         env = {key: value for key, value in os.environ.items() if not key.startswith(("PHOENIX_", "PYTHON"))}
-        return {**env, "PHOENIX_WORKING_DIR": str(self.working_dir), "PHOENIX_HOST": self.host,
-                "PHOENIX_PORT": str(self.port), "PHOENIX_GRPC_PORT": str(self.grpc_port),
-                "PHOENIX_TELEMETRY_ENABLED": "false"}
+        return {
+            **env,
+            "PHOENIX_WORKING_DIR": str(self.working_dir),
+            "PHOENIX_HOST": self.host,
+            "PHOENIX_PORT": str(self.port),
+            "PHOENIX_GRPC_PORT": str(self.grpc_port),
+            "PHOENIX_TELEMETRY_ENABLED": "false",
+        }
 
     def version(self) -> str:
-        return subprocess.run([self.python, "-c", "import phoenix; print(phoenix.__version__)"], capture_output=True,
-                              text=True, check=True, env=self.environment()).stdout.strip()
+        return subprocess.run(
+            [self.python, "-c", "import phoenix; print(phoenix.__version__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=self.environment(),
+        ).stdout.strip()
 
     def stored_spans(self) -> int:
         """Rows in Phoenix's spans table (0 before it exists)."""

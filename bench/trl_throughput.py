@@ -37,7 +37,10 @@ PROMPTS, GENERATIONS, MAX_COMPLETION = 64, 4, 128
 def make_samples(seed: int = 0):
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, 500, rng.integers(32, 129)).tolist() for _ in range(PROMPTS)]
-    completions = [[rng.integers(3, 500, rng.integers(16, MAX_COMPLETION + 1)).tolist() for _ in range(GENERATIONS)] for _ in prompts]
+    completions = [
+        [rng.integers(3, 500, rng.integers(16, MAX_COMPLETION + 1)).tolist() for _ in range(GENERATIONS)]
+        for _ in prompts
+    ]
     logprobs = [[(-rng.random(len(c)) * 3).tolist() for c in group] for group in completions]
     rewards = rng.random((PROMPTS, GENERATIONS)).tolist()
     return prompts, completions, logprobs, rewards
@@ -52,9 +55,15 @@ def ours(model_dir: Path, steps: int, layout: str) -> tuple[float, float]:
 
     prompts, completions, logprobs, rewards = make_samples()
     rollouts = [
-        RolloutRecord(f"{p}-{g}", f"task-{p}", rewards[p][g], chains=[[LLMCall(f"{p}-{g}", prompts[p], completions[p][g], logprobs[p][g])]])
-        for p in range(PROMPTS) for g in range(GENERATIONS)
-    ]  # fmt: skip
+        RolloutRecord(
+            f"{p}-{g}",
+            f"task-{p}",
+            rewards[p][g],
+            chains=[[LLMCall(f"{p}-{g}", prompts[p], completions[p][g], logprobs[p][g])]],
+        )
+        for p in range(PROMPTS)
+        for g in range(GENERATIONS)
+    ]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = UpdateConfig(learning_rate=1e-5, layout=layout, pack_length=512 if layout == "packed" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
@@ -75,7 +84,7 @@ def trl(model_dir: Path, steps: int) -> tuple[float, float]:
     prompts, completions, logprobs, rewards = make_samples()
     index = {f"p{i}": i for i in range(PROMPTS)}
 
-    def rollout_func(batch_prompts, trainer):  # noqa: ANN001, ANN202
+    def rollout_func(batch_prompts, trainer):
         # TRL passes each prompt num_generations times: the k-th copy gets the k-th completion
         out, seen = {"prompt_ids": [], "completion_ids": [], "logprobs": []}, {}
         for prompt in batch_prompts:
@@ -88,36 +97,52 @@ def trl(model_dir: Path, steps: int) -> tuple[float, float]:
 
     reward_of = {tuple(c): rewards[p][g] for p in range(PROMPTS) for g, c in enumerate(completions[p])}
 
-    def reward_func(completions, completion_ids, **kwargs):  # noqa: ANN001, ANN202
+    def reward_func(completions, completion_ids, **kwargs):
         return [reward_of.get(tuple(ids), 0.0) for ids in completion_ids]
 
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=32, gradient_accumulation_steps=8,
-        num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION, max_steps=steps + 1, learning_rate=1e-5,
-        use_cpu=True, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, loss_type="dapo",
-        beta=0.0, dataloader_num_workers=0,
-    )  # fmt: skip
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=32,
+        gradient_accumulation_steps=8,
+        num_generations=GENERATIONS,
+        max_completion_length=MAX_COMPLETION,
+        max_steps=steps + 1,
+        learning_rate=1e-5,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        loss_type="dapo",
+        beta=0.0,
+        dataloader_num_workers=0,
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     fed = {"positions": 0, "real": 0}
 
-    def count_padding(_module, args, kwargs):  # noqa: ANN001, ANN202
+    def count_padding(_module, args, kwargs):
         mask = kwargs.get("attention_mask")
         if mask is not None:
             fed["positions"] += mask.numel()
             fed["real"] += int(mask.sum())
 
     model.register_forward_pre_hook(count_padding, with_kwargs=True)
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_func, args=args,
-                          train_dataset=Dataset.from_list([{"prompt": p} for p in index]),
-                          processing_class=tokenizer, rollout_func=rollout_func)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_func,
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in index]),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
     times = []
 
     class Timer:  # a transformers callback: time each optimizer step
-        def __getattr__(self, name):  # noqa: ANN001, ANN204
+        def __getattr__(self, name):
             return lambda *a, **k: None
 
-        def on_step_begin(self, *a, **k):  # noqa: ANN002, ANN003
+        def on_step_begin(self, *a, **k):
             times.append(time.perf_counter())
 
     trainer.add_callback(Timer())
@@ -139,8 +164,12 @@ def main() -> None:
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
     transformers_logging.disable_progress_bar()
-    model_dir = build_tiny_model(Path(tempfile.mkdtemp()) / "m6", hidden_size=256, layers=6, heads=8, kv_heads=8, intermediate_size=1024)
-    params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    model_dir = build_tiny_model(
+        Path(tempfile.mkdtemp()) / "m6", hidden_size=256, layers=6, heads=8, kv_heads=8, intermediate_size=1024
+    )
+    params = sum(
+        p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters()
+    )
     print(f"model: {params / 1e6:.1f}M parameters; {PROMPTS} prompts x {GENERATIONS} completions per step")
     results = {layout: ours(model_dir, args.steps, layout) for layout in ("shared_prefix", "sorted", "packed")}
     theirs, their_padding = trl(model_dir, args.steps)

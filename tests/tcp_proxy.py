@@ -9,7 +9,9 @@ import threading
 
 
 class FlakyProxy:
-    def __init__(self, target_host: str, target_port: int, drop_first: int = 0, hold: threading.Event | None = None) -> None:
+    def __init__(
+        self, target_host: str, target_port: int, drop_first: int = 0, hold: threading.Event | None = None
+    ) -> None:
         self.target = (target_host, target_port)
         self.drop_first = drop_first
         self.hold = hold  # requests reach the target only once this is set
@@ -20,7 +22,7 @@ class FlakyProxy:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "FlakyProxy":
+    def __enter__(self) -> FlakyProxy:
         self._thread.start()
         self._ready.wait(10)
         return self
@@ -48,7 +50,7 @@ class FlakyProxy:
             return
         up_reader, up_writer = await asyncio.open_connection(*self.target)
 
-        async def pipe(src, dst, count: bool):  # noqa: ANN001
+        async def pipe(src, dst, count: bool):
             try:
                 while data := await src.read(65536):
                     if count:

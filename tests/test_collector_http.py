@@ -16,12 +16,12 @@ import zlib
 
 import pytest
 from google.rpc import status_pb2
+from helpers import local_collector
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
-
-from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 
 pytestmark = pytest.mark.integration
@@ -37,13 +37,21 @@ def _body(prefix: str, n: int = 3) -> bytes:
 
 def _count(collector, prefix: str) -> int:
     collector.flush()
-    return connect(collector.data_dir).execute("SELECT count(*) FROM spans WHERE name LIKE ?", [prefix + "-%"]).fetchone()[0]
+    return (
+        connect(collector.data_dir)
+        .execute("SELECT count(*) FROM spans WHERE name LIKE ?", [prefix + "-%"])
+        .fetchone()[0]
+    )
 
 
 @pytest.fixture
 def collector(tmp_path):
-    with local_collector(tmp_path / "data", max_body_bytes=MAX_BODY, http_read_timeout_s=READ_TIMEOUT_S,
-                         http_body_timeout_s=BODY_TIMEOUT_S) as running:
+    with local_collector(
+        tmp_path / "data",
+        max_body_bytes=MAX_BODY,
+        http_read_timeout_s=READ_TIMEOUT_S,
+        http_body_timeout_s=BODY_TIMEOUT_S,
+    ) as running:
         yield running
 
 
@@ -123,7 +131,9 @@ def test_keep_alive_serves_many_requests_on_one_connection(collector):
     connection.connect()
     first_socket = connection.sock
     for i in range(5):
-        connection.request("POST", "/v1/traces", body=_body(f"kept-{i}", 1), headers={"Content-Type": "application/x-protobuf"})
+        connection.request(
+            "POST", "/v1/traces", body=_body(f"kept-{i}", 1), headers={"Content-Type": "application/x-protobuf"}
+        )
         reply = connection.getresponse()
         reply.read()
         assert reply.status == 200 and reply.getheader("Connection", "").lower() != "close"
@@ -142,7 +152,9 @@ def test_concurrent_exports_on_kept_alive_connections_land_whole(collector):
         for i in range(12):
             names = [f"conc-{k}-{i}-{j}" for j in range(40)]
             text = f"{k}-{i}-" * 600  # ~5 KB a span: bodies of ~200 KB, read in many pieces
-            body = request_bytes(make_spans(lambda t: [t.start_span(n, attributes={"text": text}).end() for n in names]))
+            body = request_bytes(
+                make_spans(lambda t: [t.start_span(n, attributes={"text": text}).end() for n in names])
+            )
             connection.request("POST", "/v1/traces", body=body, headers={"Content-Type": "application/x-protobuf"})
             reply = connection.getresponse()
             reply.read()
@@ -158,7 +170,11 @@ def test_concurrent_exports_on_kept_alive_connections_land_whole(collector):
         thread.join()
     assert failures == []
     collector.flush()
-    stored = connect(collector.data_dir).execute("SELECT name, attributes['text'] FROM spans WHERE name LIKE 'conc-%'").fetchall()
+    stored = (
+        connect(collector.data_dir)
+        .execute("SELECT name, attributes['text'] FROM spans WHERE name LIKE 'conc-%'")
+        .fetchall()
+    )
     assert len(stored) == len(sent) == 6 * 12 * 40 and dict(stored) == sent
 
 
@@ -202,23 +218,31 @@ def test_a_gzip_bomb_is_refused_before_the_client_has_sent_it_all(collector):
     assert post(collector.http_endpoint + "/v1/traces", _body("after-bomb"))[0] == 200
 
 
-@pytest.mark.parametrize("name,encode", [
-    ("deflate-zlib", lambda data: zlib.compress(data)),
-    ("deflate-raw", lambda data: (lambda c: c.compress(data) + c.flush())(zlib.compressobj(wbits=-15))),
-    ("gzip-two-members", lambda data: gzip.compress(data[:10]) + gzip.compress(data[10:])),
-])
+@pytest.mark.parametrize(
+    "name,encode",
+    [
+        ("deflate-zlib", lambda data: zlib.compress(data)),
+        ("deflate-raw", lambda data: (lambda c: c.compress(data) + c.flush())(zlib.compressobj(wbits=-15))),
+        ("gzip-two-members", lambda data: gzip.compress(data[:10]) + gzip.compress(data[10:])),
+    ],
+)
 def test_deflate_and_multi_member_gzip_are_accepted(collector, name, encode):
     encoding = "gzip" if name.startswith("gzip") else "deflate"
-    status, _, _ = post(collector.http_endpoint + "/v1/traces", encode(_body(name)), headers={"Content-Encoding": encoding})
+    status, _, _ = post(
+        collector.http_endpoint + "/v1/traces", encode(_body(name)), headers={"Content-Encoding": encoding}
+    )
     assert status == 200
     assert _count(collector, name) == 3
 
 
-@pytest.mark.parametrize("encoding,body,expected", [
-    ("gzip", gzip.compress(b"\x0a\x00") + b"\x00\x00 trailing junk", 400),
-    ("deflate", zlib.compress(b"\x0a\x00")[:-3], 400),  # truncated
-    ("br", b"\x0a\x00", 415),
-])
+@pytest.mark.parametrize(
+    "encoding,body,expected",
+    [
+        ("gzip", gzip.compress(b"\x0a\x00") + b"\x00\x00 trailing junk", 400),
+        ("deflate", zlib.compress(b"\x0a\x00")[:-3], 400),  # truncated
+        ("br", b"\x0a\x00", 415),
+    ],
+)
 def test_bad_encodings_get_a_4xx(collector, encoding, body, expected):
     status, _, reply = post(collector.http_endpoint + "/v1/traces", body, headers={"Content-Encoding": encoding})
     assert status == expected and status_pb2.Status.FromString(reply).message
@@ -228,8 +252,9 @@ def test_bad_encodings_get_a_4xx(collector, encoding, body, expected):
 def test_stalled_and_crawling_clients_are_cut_off_while_others_are_served(tmp_path):
     read_timeout_s, body_timeout_s = 2.0, 4.0  # room for five exports on a busy machine before the first cut
     # One export slot: a client still sending its body must not take it.
-    with local_collector(tmp_path / "data", max_inflight=1, http_read_timeout_s=read_timeout_s,
-                         http_body_timeout_s=body_timeout_s) as collector:
+    with local_collector(
+        tmp_path / "data", max_inflight=1, http_read_timeout_s=read_timeout_s, http_body_timeout_s=body_timeout_s
+    ) as collector:
         body = _body("stalled")
         half_body, in_headers, crawler = _connect(collector), _connect(collector), _connect(collector)
         started = time.monotonic()

@@ -20,8 +20,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from helpers import local_collector
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.core.servers import free_port
@@ -69,21 +69,52 @@ def node_modules() -> Path:
         if not (folder / ".installed").exists():
             specs = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
             result = subprocess.run(
-                ["npm", "install", "--no-audit", "--no-fund", "--no-save", "--ignore-scripts", "--engine-strict",
-                 "--prefix", str(folder), *specs],
-                capture_output=True, text=True, timeout=600,
+                [
+                    "npm",
+                    "install",
+                    "--no-audit",
+                    "--no-fund",
+                    "--no-save",
+                    "--ignore-scripts",
+                    "--engine-strict",
+                    "--prefix",
+                    str(folder),
+                    *specs,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
             )
             assert result.returncode == 0, f"npm install failed:\n{result.stdout}\n{result.stderr}"
             (folder / ".installed").write_text("\n".join(specs) + "\n")
     return folder / "node_modules"
 
 
-def export_with_node(node_modules: Path, exporter: str, url: str, service: str, compression: str = "none",
-                     spans: int = SPANS, headers: dict | None = None) -> subprocess.CompletedProcess:
-    options = {"exporter": exporter, "url": url, "compression": compression, "service": service, "spans": spans,
-               "attributes": ATTRIBUTES, "headers": headers or {}}
-    return subprocess.run(["node", str(SCRIPT), json.dumps(options)], capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "NODE_PATH": str(node_modules)})
+def export_with_node(
+    node_modules: Path,
+    exporter: str,
+    url: str,
+    service: str,
+    compression: str = "none",
+    spans: int = SPANS,
+    headers: dict | None = None,
+) -> subprocess.CompletedProcess:
+    options = {
+        "exporter": exporter,
+        "url": url,
+        "compression": compression,
+        "service": service,
+        "spans": spans,
+        "attributes": ATTRIBUTES,
+        "headers": headers or {},
+    }
+    return subprocess.run(
+        ["node", str(SCRIPT), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "NODE_PATH": str(node_modules)},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +130,10 @@ def js_exports(node_modules, tmp_path_factory):
             "js-json-gzip": ("http", traces, "gzip"),
             "js-grpc": ("grpc", f"http://127.0.0.1:{grpc_port}", "none"),
         }
-        runs = {service: export_with_node(node_modules, exporter, url, service, compression)
-                for service, (exporter, url, compression) in plan.items()}
+        runs = {
+            service: export_with_node(node_modules, exporter, url, service, compression)
+            for service, (exporter, url, compression) in plan.items()
+        }
         collector.flush()
         yield runs, collector.data_dir
 
@@ -121,19 +154,32 @@ def test_js_sdk_spans_arrive_with_array_attributes(js_exports, service):
         "attributes['js.tags'], attributes['js.flags'], attributes['js.weights'] FROM spans WHERE service_name = ?",
         [service],
     ).fetchall()
-    assert rows == [("LLM", [151644, 872, 0, 2147483647], [9707, 13], [0.0, -0.25], '["alpha", "beta"]',
-                     "[true, false]", "[0.5, 1.5]")]
+    assert rows == [
+        (
+            "LLM",
+            [151644, 872, 0, 2147483647],
+            [9707, 13],
+            [0.0, -0.25],
+            '["alpha", "beta"]',
+            "[true, false]",
+            "[0.5, 1.5]",
+        )
+    ]
 
 
 def test_js_sdk_with_a_token_and_a_wrong_one(node_modules, tmp_path):
     with local_collector(tmp_path / "data", token="js-secret") as collector:
         traces = collector.http_endpoint + "/v1/traces"
-        good = export_with_node(node_modules, "proto", traces, "js-token", "gzip", spans=10,
-                                headers={"Authorization": "Bearer js-secret"})
-        bad = export_with_node(node_modules, "proto", traces, "js-no-token", "gzip", spans=10,
-                               headers={"Authorization": "Bearer wrong"})
+        good = export_with_node(
+            node_modules, "proto", traces, "js-token", "gzip", spans=10, headers={"Authorization": "Bearer js-secret"}
+        )
+        bad = export_with_node(
+            node_modules, "proto", traces, "js-no-token", "gzip", spans=10, headers={"Authorization": "Bearer wrong"}
+        )
         collector.flush()
-        counts = dict(connect(collector.data_dir).execute("SELECT service_name, count(*) FROM spans GROUP BY 1").fetchall())
+        counts = dict(
+            connect(collector.data_dir).execute("SELECT service_name, count(*) FROM spans GROUP BY 1").fetchall()
+        )
     assert good.returncode == 0, good.stderr[-3000:]
     assert bad.returncode != 0 and "Unauthorized" in bad.stderr + bad.stdout
     assert counts == {"js-token": 10}

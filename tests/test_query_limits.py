@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.cli import build_parser
 from lightning_otel.collector import connect
-from lightning_otel.dashboards.server import DashboardServer
 from lightning_otel.core.servers import CollectorProcess
+from lightning_otel.dashboards.server import DashboardServer
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,9 @@ class _Exporter(threading.Thread):
 def test_a_heavy_query_is_stopped_in_time_while_ingest_goes_on(tmp_path):
     data_dir = tmp_path / "data"
     args = ["--query-token", "q", "--query-timeout-s", str(LIMIT_S), "--query-max-concurrent", "1"]
-    with CollectorProcess(data_dir, flush_interval_s=0.2, log_path=tmp_path / "collector.log", extra_args=args) as collector:
+    with CollectorProcess(
+        data_dir, flush_interval_s=0.2, log_path=tmp_path / "collector.log", extra_args=args
+    ) as collector:
         query_url = collector.url + "/v1/query"
         exporter = _Exporter(collector.traces_endpoint)
         exporter.start()

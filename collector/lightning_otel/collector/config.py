@@ -31,7 +31,9 @@ class CollectorConfig:
         "OTLP/HTTP: seconds a client may stay silent (sending headers, within a body, idle between requests)"
         " before it gets 408 or the connection closes",
     )
-    http_body_timeout_s: float = setting(60.0, "OTLP/HTTP: seconds a client may take to send one whole body (408 above)")
+    http_body_timeout_s: float = setting(
+        60.0, "OTLP/HTTP: seconds a client may take to send one whole body (408 above)"
+    )
     query_timeout_s: float = setting(
         DEFAULT_QUERY_TIMEOUT_S, "POST /v1/query: seconds a statement may run before it is stopped (504)"
     )

@@ -14,7 +14,6 @@ loop, which reads every connection, holds the GIL as briefly as it can.
 from __future__ import annotations
 
 import asyncio
-import sys
 import zlib
 from dataclasses import dataclass
 
@@ -101,18 +100,17 @@ async def _next_chunk(content: StreamReader, timeout_s: float) -> bytes:
     """The next piece of the body as received (b"" at its end). readchunk, unlike readany, hands
     over buffered pieces one by one instead of joining them: one copy less per body."""
     while True:
-        if sys.version_info >= (3, 11):
-            async with asyncio.timeout(timeout_s):
-                data, end_of_http_chunk = await content.readchunk()
-        else:  # Python 3.10: no asyncio.timeout
-            data, end_of_http_chunk = await asyncio.wait_for(content.readchunk(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            data, end_of_http_chunk = await content.readchunk()
         # (b"", True) marks a chunk boundary, except from a reader at its end: aiohttp's shared
         # empty-body reader answers (b"", True) forever once read, and looping on it would hang.
         if data or not end_of_http_chunk or content.at_eof():
             return data
 
 
-async def read_body(content: StreamReader, encoding: str, limit: int, read_timeout_s: float, body_timeout_s: float) -> Body:
+async def read_body(
+    content: StreamReader, encoding: str, limit: int, read_timeout_s: float, body_timeout_s: float
+) -> Body:
     """The whole body of a request, at most `limit` bytes received and `limit` bytes decompressed.
 
     Raises BodyTooLarge (413) as soon as either passes the cap, BadEncoding (400), BodyTimeout (408)."""
@@ -126,7 +124,7 @@ async def read_body(content: StreamReader, encoding: str, limit: int, read_timeo
         wait_s = min(read_timeout_s, deadline - loop.time())
         try:
             chunk = await _next_chunk(content, wait_s) if wait_s > 0 else None
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             chunk = None
         if chunk is None:
             if loop.time() >= deadline:

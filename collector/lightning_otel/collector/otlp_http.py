@@ -31,7 +31,15 @@ from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from lightning_otel.collector.config import CollectorConfig
-from lightning_otel.collector.http_body import ENCODINGS, GZIP_ENCODING, BadEncoding, Body, BodyTimeout, BodyTooLarge, read_body
+from lightning_otel.collector.http_body import (
+    ENCODINGS,
+    GZIP_ENCODING,
+    BadEncoding,
+    Body,
+    BodyTimeout,
+    BodyTooLarge,
+    read_body,
+)
 from lightning_otel.collector.ingest import Ingestor, Overloaded, Result
 from lightning_otel.collector.otlp_json import decode_json, encode_json
 from lightning_otel.collector.query_limits import QueryLimiter
@@ -52,8 +60,14 @@ def _media_type(request: web.BaseRequest) -> str:
     return (request.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
 
 
-def _status(http_code: int, grpc_code: int, message: str, content_type: str = PROTOBUF,
-            headers: dict | None = None, close: bool = False) -> web.Response:
+def _status(
+    http_code: int,
+    grpc_code: int,
+    message: str,
+    content_type: str = PROTOBUF,
+    headers: dict | None = None,
+    close: bool = False,
+) -> web.Response:
     """An error reply with a google.rpc.Status body; `close` when the body was left unread."""
     status = status_pb2.Status(code=grpc_code, message=message)
     body = encode_json(status) if content_type == JSON else status.SerializeToString()
@@ -64,7 +78,9 @@ def _status(http_code: int, grpc_code: int, message: str, content_type: str = PR
 
 
 def _json_reply(code: int, payload: dict, headers: dict | None = None, close: bool = False) -> web.Response:
-    response = web.Response(status=code, body=json.dumps(payload, default=str).encode(), content_type=JSON, headers=headers)
+    response = web.Response(
+        status=code, body=json.dumps(payload, default=str).encode(), content_type=JSON, headers=headers
+    )
     if close:
         response.force_close()
     return response
@@ -93,11 +109,15 @@ class OTLPHTTPServer:
     def __init__(self, config: CollectorConfig, ingestor: Ingestor, data_dir: str) -> None:
         self.config = config
         self.ingestor = ingestor
-        self.queries = QueryLimiter(data_dir, config.query_timeout_s, config.query_max_concurrent) if config.query_token else None
+        self.queries = (
+            QueryLimiter(data_dir, config.query_timeout_s, config.query_max_concurrent) if config.query_token else None
+        )
         self.server_address: tuple[str, int] = (config.host, config.http_port)
         # One thread per export in flight, as many as --max-inflight admits: an fsync never waits for a thread.
         self._ingest_pool = ThreadPoolExecutor(max(1, config.max_inflight), thread_name_prefix="lightning-otel-ingest")
-        self._query_pool = ThreadPoolExecutor(max(1, config.query_max_concurrent), thread_name_prefix="lightning-otel-query")
+        self._query_pool = ThreadPoolExecutor(
+            max(1, config.query_max_concurrent), thread_name_prefix="lightning-otel-query"
+        )
         self._exports = 0  # exports between admission and reply (event-loop thread only)
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -114,10 +134,12 @@ class OTLPHTTPServer:
 
     # Serving --------------------------------------------------------------------------------
 
-    def start(self) -> "OTLPHTTPServer":
+    def start(self) -> OTLPHTTPServer:
         started = threading.Event()
         failure: list[BaseException] = []
-        self._thread = threading.Thread(target=self._serve, args=(started, failure), name="lightning-otel-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self._serve, args=(started, failure), name="lightning-otel-http", daemon=True
+        )
         self._thread.start()
         started.wait()
         if failure:
@@ -129,7 +151,7 @@ class OTLPHTTPServer:
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._bind())
-        except BaseException as exc:  # noqa: BLE001 - handed to start()'s caller
+        except BaseException as exc:
             failure.append(exc)
             if self._runner is not None:
                 self._loop.run_until_complete(self._runner.cleanup())
@@ -145,9 +167,15 @@ class OTLPHTTPServer:
         config = self.config
         # keepalive_timeout also bounds how long a new connection may take to send its first
         # request's headers (aiohttp closes a connection that completed no request by then).
-        self._runner = web.AppRunner(self.app(), access_log=None, auto_decompress=False, shutdown_timeout=5.0,
-                                     keepalive_timeout=config.http_read_timeout_s, lingering_time=LINGER_S,
-                                     read_bufsize=4 << 20)
+        self._runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            auto_decompress=False,
+            shutdown_timeout=5.0,
+            keepalive_timeout=config.http_read_timeout_s,
+            lingering_time=LINGER_S,
+            read_bufsize=4 << 20,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, config.host, config.http_port, backlog=256)
         await site.start()
@@ -168,15 +196,29 @@ class OTLPHTTPServer:
         media_type = _media_type(request)
         reply_type = JSON if media_type == JSON else PROTOBUF
         if not bearer_ok(request.headers.get("Authorization"), self.config.token):
-            return _status(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
-                           headers={"WWW-Authenticate": "Bearer"}, close=close)
+            return _status(
+                401,
+                code_pb2.UNAUTHENTICATED,
+                "missing or wrong bearer token",
+                reply_type,
+                headers={"WWW-Authenticate": "Bearer"},
+                close=close,
+            )
         if media_type not in (PROTOBUF, JSON):
             return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {media_type!r}", close=close)
         encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
         if encoding not in ENCODINGS:
-            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content encoding {encoding!r}", reply_type, close=close)
+            return _status(
+                415, code_pb2.INVALID_ARGUMENT, f"unsupported content encoding {encoding!r}", reply_type, close=close
+            )
         if (request.content_length or 0) > self.config.max_body_bytes:
-            return _status(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {self.config.max_body_bytes} bytes", reply_type, close=close)
+            return _status(
+                413,
+                code_pb2.INVALID_ARGUMENT,
+                f"body exceeds {self.config.max_body_bytes} bytes",
+                reply_type,
+                close=close,
+            )
         return None
 
     async def _expect(self, request: web.Request) -> web.Response | None:
@@ -199,8 +241,9 @@ class OTLPHTTPServer:
         config = self.config
         try:
             encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
-            body = await read_body(request.content, encoding, config.max_body_bytes, config.http_read_timeout_s,
-                                   config.http_body_timeout_s)
+            body = await read_body(
+                request.content, encoding, config.max_body_bytes, config.http_read_timeout_s, config.http_body_timeout_s
+            )
         except BodyTooLarge as exc:  # answered at once; the rest is read and dropped for LINGER_S, then closed
             return _status(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         except BodyTimeout as exc:
@@ -209,7 +252,9 @@ class OTLPHTTPServer:
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         # In flight = being decoded and logged: a client still sending its body takes no slot.
         if self._exports >= config.max_inflight:
-            return _status(429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type, headers={"Retry-After": "1"})
+            return _status(
+                429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type, headers={"Retry-After": "1"}
+            )
         self._exports += 1
         try:
             result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type, body)
@@ -217,7 +262,9 @@ class OTLPHTTPServer:
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         except Overloaded as exc:
             code = 429 if exc.too_many_requests else 503
-            return _status(code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)})
+            return _status(
+                code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)}
+            )
         except OSError as exc:  # disk full or gone: the exporter should retry later
             log.error("write-ahead log append failed: %s", exc)
             return _status(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
@@ -234,7 +281,9 @@ class OTLPHTTPServer:
 
     def _query_precheck(self, request: web.BaseRequest, close: bool) -> web.Response | None:
         if not bearer_ok(request.headers.get("Authorization"), self.config.query_token):
-            return _json_reply(401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"}, close=close)
+            return _json_reply(
+                401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"}, close=close
+            )
         if (request.headers.get("Content-Encoding") or "").strip().lower() not in ENCODINGS:
             return _json_reply(415, {"error": "unsupported content encoding"}, close=close)
         if (request.content_length or 0) > self.config.max_body_bytes:
@@ -255,8 +304,13 @@ class OTLPHTTPServer:
             return rejection
         config = self.config
         try:
-            body = await read_body(request.content, (request.headers.get("Content-Encoding") or "").strip().lower(),
-                                   config.max_body_bytes, config.http_read_timeout_s, config.http_body_timeout_s)
+            body = await read_body(
+                request.content,
+                (request.headers.get("Content-Encoding") or "").strip().lower(),
+                config.max_body_bytes,
+                config.http_read_timeout_s,
+                config.http_body_timeout_s,
+            )
         except BodyTooLarge as exc:
             return _json_reply(413, {"error": str(exc)})
         except BodyTimeout as exc:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import duckdb
 
@@ -52,14 +53,21 @@ _DEDUP_KEY = "trace_id, span_id, rollout_id, task_id, span_kind, service_name, s
 
 
 _TRAIN_COLUMNS = (
-    ("step", schema.TRAIN_STEP, "BIGINT"), ("version", schema.TRAIN_VERSION, "VARCHAR"),
-    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"), ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
-    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"), ("loss", schema.TRAIN_LOSS, "DOUBLE"),
-    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"), ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
-    ("kl", schema.TRAIN_KL, "DOUBLE"), ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
-    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"), ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
-    ("masked_calls", schema.TRAIN_MASKED_CALLS, "BIGINT"), ("masked_tokens", schema.TRAIN_MASKED_TOKENS, "BIGINT"),
-)  # fmt: skip
+    ("step", schema.TRAIN_STEP, "BIGINT"),
+    ("version", schema.TRAIN_VERSION, "VARCHAR"),
+    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"),
+    ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
+    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"),
+    ("loss", schema.TRAIN_LOSS, "DOUBLE"),
+    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"),
+    ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
+    ("kl", schema.TRAIN_KL, "DOUBLE"),
+    ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
+    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"),
+    ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
+    ("masked_calls", schema.TRAIN_MASKED_CALLS, "BIGINT"),
+    ("masked_tokens", schema.TRAIN_MASKED_TOKENS, "BIGINT"),
+)
 
 
 def view_statements(source: str) -> list[str]:
@@ -204,8 +212,9 @@ QUERY_MEMORY_LIMIT = "1GB"
 def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = QUERY_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
     """Like connect(), but SQL can read only the trace store and change nothing outside the session."""
     store = Store(data_dir)
-    conn = duckdb.connect(config={"memory_limit": memory_limit, "autoinstall_known_extensions": False,
-                                  "autoload_known_extensions": False})  # fmt: skip
+    conn = duckdb.connect(
+        config={"memory_limit": memory_limit, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
     _create_views(conn, store)
     if store.is_local:
         conn.execute("SET allowed_directories = [?]", [store.spans_root + os.sep])
@@ -232,8 +241,13 @@ def check_read_only(sql: str) -> None:
 MAX_QUERY_ROWS = 100_000
 
 
-def run_query(data_dir: str | os.PathLike, sql: str, max_rows: int = MAX_QUERY_ROWS, memory_limit: str = QUERY_MEMORY_LIMIT,
-              watch: Callable[[duckdb.DuckDBPyConnection], ContextManager] | None = None) -> dict:
+def run_query(
+    data_dir: str | os.PathLike,
+    sql: str,
+    max_rows: int = MAX_QUERY_ROWS,
+    memory_limit: str = QUERY_MEMORY_LIMIT,
+    watch: Callable[[duckdb.DuckDBPyConnection], AbstractContextManager] | None = None,
+) -> dict:
     """One read-only statement from the network, on a sandboxed connection opened for it alone:
     `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows).
 

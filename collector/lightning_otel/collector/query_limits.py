@@ -17,8 +17,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Executor
-from typing import Iterator
 
 import duckdb
 
@@ -68,9 +68,14 @@ class _Deadline:
 
 
 class QueryLimiter:
-    def __init__(self, data_dir: str | os.PathLike, timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
-                 max_concurrent: int = DEFAULT_QUERY_MAX_CONCURRENT, memory_limit: str = QUERY_MEMORY_LIMIT,
-                 max_rows: int = MAX_QUERY_ROWS) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        max_concurrent: int = DEFAULT_QUERY_MAX_CONCURRENT,
+        memory_limit: str = QUERY_MEMORY_LIMIT,
+        max_rows: int = MAX_QUERY_ROWS,
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"query timeout must be positive, not {timeout_s}")
         self.data_dir = data_dir

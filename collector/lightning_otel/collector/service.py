@@ -31,9 +31,15 @@ class Collector:
         self.wal = WriteAheadLog(config.wal_dir or Path(self.store.root) / "wal")
         self.ingestor = Ingestor(self.wal, max_inflight=config.max_inflight, max_backlog_bytes=config.max_backlog_bytes)
         self.pipeline = Pipeline(
-            self.store, self.wal, config.flush_interval_s, config.workers, config.compact_min_files,
-            config.compact_interval_s, config.compact_grace_s, config.retention_hours,
-        )  # fmt: skip
+            self.store,
+            self.wal,
+            config.flush_interval_s,
+            config.workers,
+            config.compact_min_files,
+            config.compact_interval_s,
+            config.compact_grace_s,
+            config.retention_hours,
+        )
         self.http: OTLPHTTPServer | None = None
         self.grpc = None
         self.grpc_port = 0
@@ -47,7 +53,7 @@ class Collector:
         host, port = self.http.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         config = self.config
         self.pipeline.start()
         if config.http_port:
@@ -68,7 +74,7 @@ class Collector:
         self.pipeline.stop()
         self.wal.close()
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self.start()
 
     def __exit__(self, *exc) -> None:

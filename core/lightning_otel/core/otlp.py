@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import socket
 import urllib.parse
-
 from typing import TYPE_CHECKING
 
 from lightning_otel.core import schema

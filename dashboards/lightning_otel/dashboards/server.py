@@ -38,12 +38,18 @@ from lightning_otel.core.auth import bearer_ok
 log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().with_name("web")
-CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 # The browser may load nothing but this server's own files and talk to nothing else (no CDN, no
 # fonts); inline style attributes stay allowed because the charts position elements with them.
-CSP = ("default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self'; "
-       "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")  # fmt: skip
+CSP = (
+    "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self'; "
+    "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 MAX_BODY_BYTES = 8 << 20
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 DEFAULT_PORT = 8050
@@ -89,7 +95,9 @@ class Detokenizer:
 
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte <-> printable character table, reversed (what byte-level BPE pieces are made of)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -121,7 +129,7 @@ def _finite(value: object) -> object:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 120
-    server: "DashboardServer"
+    server: DashboardServer
 
     def log_message(self, fmt: str, *args) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -150,13 +158,19 @@ class _Handler(BaseHTTPRequestHandler):
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return name in LOOPBACK_NAMES
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         route = self.path.split("?", 1)[0]
         if route == "/health":
             self._reply(200, b"ok", "text/plain")
         elif route == "/v1/config":
-            self._json(200, {"schema": schema_names(), "tokenizer": self.server.detokenizer is not None,
-                             "token_required": bool(self.server.query_token)})  # fmt: skip
+            self._json(
+                200,
+                {
+                    "schema": schema_names(),
+                    "tokenizer": self.server.detokenizer is not None,
+                    "token_required": bool(self.server.query_token),
+                },
+            )
         else:
             self._static(route)
 
@@ -168,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._reply(200, path.read_bytes(), CONTENT_TYPES[path.suffix])
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         route = self.path.split("?", 1)[0]
         if route not in ("/v1/query", "/v1/detokenize"):
             self._json(404, {"error": f"no route {route}"})
@@ -240,7 +254,7 @@ class DashboardServer(ThreadingHTTPServer):
         self.static_files = {p.name: p for p in WEB_DIR.iterdir() if p.is_file() and p.suffix in CONTENT_TYPES}
         super().__init__((host, port), _Handler)
 
-    def queries(self):  # noqa: ANN201 - collector.query_limits.QueryLimiter, imported late
+    def queries(self):
         """The same limits as the collector's POST /v1/query: time, queries at once, memory."""
         with self._queries_lock:
             if self._queries is None:
@@ -263,8 +277,15 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"lightning-otel dashboard: --tokenizer: {exc}", file=sys.stderr)
         return 2
-    server = DashboardServer(args.host, args.port, args.data_dir, args.query_token or None, detokenizer,
-                             args.query_timeout_s, args.query_max_concurrent)
+    server = DashboardServer(
+        args.host,
+        args.port,
+        args.data_dir,
+        args.query_token or None,
+        detokenizer,
+        args.query_timeout_s,
+        args.query_max_concurrent,
+    )
     # SIGTERM stops serving like Ctrl-C does; shutdown() must come from another thread.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     empty = "" if Store(args.data_dir).has_data() else " (no spans yet; the page fills in as they arrive)"
@@ -279,20 +300,36 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private subparsers type
+def add_parser(sub, data_dir: str) -> None:
     env = os.environ.get
-    p = sub.add_parser("dashboard", help="web dashboard over the trace store: overview, training, rollout explorer",
-                       description="Reads the trace store (--data-dir) with SQL; sends no spans.")
+    p = sub.add_parser(
+        "dashboard",
+        help="web dashboard over the trace store: overview, training, rollout explorer",
+        description="Reads the trace store (--data-dir) with SQL; sends no spans.",
+    )
     p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--tokenizer", default=env("LIGHTNING_OTEL_TOKENIZER"),
-                   help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]")
-    p.add_argument("--query-token", default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
-                   help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]")
-    p.add_argument("--query-timeout-s", type=float, default=float(env("LIGHTNING_OTEL_QUERY_TIMEOUT_S", DEFAULT_QUERY_TIMEOUT_S)),
-                   help="seconds a POST /v1/query statement may run before it is stopped (504) [$LIGHTNING_OTEL_QUERY_TIMEOUT_S]")
-    p.add_argument("--query-max-concurrent", type=int,
-                   default=int(env("LIGHTNING_OTEL_QUERY_MAX_CONCURRENT", DEFAULT_QUERY_MAX_CONCURRENT)),
-                   help="POST /v1/query statements running at once before 429 [$LIGHTNING_OTEL_QUERY_MAX_CONCURRENT]")
+    p.add_argument(
+        "--tokenizer",
+        default=env("LIGHTNING_OTEL_TOKENIZER"),
+        help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]",
+    )
+    p.add_argument(
+        "--query-token",
+        default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
+        help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]",
+    )
+    p.add_argument(
+        "--query-timeout-s",
+        type=float,
+        default=float(env("LIGHTNING_OTEL_QUERY_TIMEOUT_S", DEFAULT_QUERY_TIMEOUT_S)),
+        help="seconds a POST /v1/query statement may run before it is stopped (504) [$LIGHTNING_OTEL_QUERY_TIMEOUT_S]",
+    )
+    p.add_argument(
+        "--query-max-concurrent",
+        type=int,
+        default=int(env("LIGHTNING_OTEL_QUERY_MAX_CONCURRENT", DEFAULT_QUERY_MAX_CONCURRENT)),
+        help="POST /v1/query statements running at once before 429 [$LIGHTNING_OTEL_QUERY_MAX_CONCURRENT]",
+    )
     p.set_defaults(func=_cmd_dashboard)

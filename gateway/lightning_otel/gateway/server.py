@@ -43,10 +43,10 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.core import schema
-from lightning_otel.gateway.config import GatewayConfig
-from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.auth import bearer_ok
+from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
+from lightning_otel.gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's spans
@@ -54,7 +54,12 @@ _IDEMPOTENCY_TTL_S = 600.0
 _IDEMPOTENCY_MAX = 10_000
 _VERSION_POLL_S = 0.1
 _STREAM_STARTED = "lightning_otel.stream_started"  # request key: the response's head is sent
-_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 422: "idempotency_error"}
+_ERROR_TYPES = {
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "idempotency_error",
+}
 
 
 @dataclass
@@ -119,12 +124,15 @@ def _with_fields(raw: bytes, body: dict, fields: dict) -> bytes:
 
 def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
     """An error in the OpenAI API's shape, which OpenAI clients parse and raise with its message."""
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status, headers=headers)
-
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "code": status}}, status=status, headers=headers
+    )
 
 
 def _key_reused() -> web.Response:
-    message = "this Idempotency-Key was first used with a different request body or route; a new request needs a new key"
+    message = (
+        "this Idempotency-Key was first used with a different request body or route; a new request needs a new key"
+    )
     return error_response(422, message, _ERROR_TYPES[422])
 
 
@@ -141,7 +149,9 @@ class Gateway:
         self.upstreams = [_Upstream(server_root(u)) for u in config.upstreams]
         self.tracer = tracer or trace.get_tracer("lightning_otel.gateway")
         self.session: ClientSession | None = None
-        self._completed: OrderedDict[str, tuple[float, bytes, int, dict, bytes]] = OrderedDict()  # expiry, digest, response
+        self._completed: OrderedDict[str, tuple[float, bytes, int, dict, bytes]] = (
+            OrderedDict()
+        )  # expiry, digest, response
         self._inflight: dict[str, tuple[bytes, asyncio.Future]] = {}
         self._tasks: list[asyncio.Task] = []
         self._round_robin = 0
@@ -165,7 +175,7 @@ class Gateway:
         return app
 
     @web.middleware
-    async def _errors(self, request: web.Request, handler):  # noqa: ANN001, ANN202
+    async def _errors(self, request: web.Request, handler):
         """aiohttp's own errors (no route, wrong method, body over the limit) and unexpected ones as JSON."""
         try:
             return await handler(request)
@@ -174,7 +184,9 @@ class Gateway:
                 raise
             message = exc.text or exc.reason
             if exc.status == 413:
-                message = f"request body over the gateway's limit of {self.config.max_body_bytes} bytes (--max-body-bytes)"
+                message = (
+                    f"request body over the gateway's limit of {self.config.max_body_bytes} bytes (--max-body-bytes)"
+                )
             headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
             return error_response(exc.status, message, _ERROR_TYPES.get(exc.status, "invalid_request_error"), headers)
         except Exception:
@@ -184,16 +196,18 @@ class Gateway:
             return error_response(500, "internal error in the gateway (see its log)", "server_error")
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler):  # noqa: ANN001, ANN202
+    async def _auth(self, request: web.Request, handler):
         token = self.config.token
-        if token and request.path != "/health" and not request.path.startswith("/admin/"):
-            if not bearer_ok(request.headers.get("Authorization"), token):
-                return error_response(401, "missing or wrong bearer token", "authentication_error")
+        public = request.path == "/health" or request.path.startswith("/admin/")  # admin has its own token
+        if token and not public and not bearer_ok(request.headers.get("Authorization"), token):
+            return error_response(401, "missing or wrong bearer token", "authentication_error")
         return await handler(request)
 
     async def _start(self, _app: web.Application) -> None:
         self.idle = asyncio.Condition()
-        self.session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s))
+        self.session = ClientSession(
+            connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s)
+        )
         self._tasks.append(asyncio.create_task(self._poll_versions()))
 
     async def _stop(self, _app: web.Application) -> None:
@@ -213,12 +227,15 @@ class Gateway:
                 if upstream.version_owned:
                     continue
                 try:
-                    async with self.session.get(upstream.url + WEIGHT_INFO_PATH, headers=self._upstream_headers(),
-                                                timeout=ClientTimeout(total=2)) as reply:  # fmt: skip
+                    async with self.session.get(
+                        upstream.url + WEIGHT_INFO_PATH,
+                        headers=self._upstream_headers(),
+                        timeout=ClientTimeout(total=2),
+                    ) as reply:
                         if reply.status == 200:
                             upstream.version = weight_version_of(await reply.json())
                     upstream.healthy = True
-                except (ClientError, asyncio.TimeoutError, ValueError, KeyError):
+                except (TimeoutError, ClientError, ValueError, KeyError):
                     upstream.healthy = False
             await asyncio.sleep(_VERSION_POLL_S)
 
@@ -226,8 +243,11 @@ class Gateway:
     def _replicas(self, rollout_id: str | None) -> list[_Upstream]:
         """Replicas in the order to try: rendezvous hashing on the rollout id (sticky), else round robin."""
         if rollout_id:
+
             def weight(upstream: _Upstream) -> int:
-                return int.from_bytes(hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big")
+                return int.from_bytes(
+                    hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big"
+                )
 
             ordered = sorted(self.upstreams, key=weight, reverse=True)
         else:
@@ -273,7 +293,9 @@ class Gateway:
             return await self._once(key, digest, request, path, raw, call)
         return await self._forward(request, path, raw, call)
 
-    async def _once(self, key: str, digest: bytes, request: web.Request, path: str, raw: bytes, call: _Call) -> web.StreamResponse:
+    async def _once(
+        self, key: str, digest: bytes, request: web.Request, path: str, raw: bytes, call: _Call
+    ) -> web.StreamResponse:
         """A retried request (same Idempotency-Key and body) gets the first result; only the first is
         recorded. The key reused with another route or body is a client error: 422, nothing sent."""
         now = time.monotonic()
@@ -308,7 +330,9 @@ class Gateway:
         finally:
             del self._inflight[key]
 
-    async def _forward(self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False
+    ) -> web.StreamResponse:
         """Send to a replica, retrying connection errors and 5xx on the next one, then answer."""
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), **self._upstream_headers()}
         replicas = self._replicas(call.rollout.get(schema.ROLLOUT_ID))
@@ -339,13 +363,15 @@ class Gateway:
         self._record(call, None, error=f"upstream unavailable: {error}")
         return error_response(502, f"upstream unavailable: {error}", "upstream_unavailable")
 
-    async def _attempt(self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call,
-                       buffer: bool) -> web.StreamResponse | str:  # fmt: skip
+    async def _attempt(
+        self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call, buffer: bool
+    ) -> web.StreamResponse | str:
         """One try on call.upstream: the response, or the error string of a retryable failure."""
         try:
-            reply = await self.session.request(request.method, call.upstream.url + path, data=raw, headers=headers,
-                                               params=request.query)  # fmt: skip
-        except asyncio.TimeoutError:
+            reply = await self.session.request(
+                request.method, call.upstream.url + path, data=raw, headers=headers, params=request.query
+            )
+        except TimeoutError:
             self._record(call, None, error="upstream timed out")
             return error_response(504, "upstream timed out", "upstream_timeout")
         except ClientError as exc:
@@ -357,24 +383,29 @@ class Gateway:
             if call.streaming and not buffer and reply.status == 200:
                 return await self._stream(request, reply, call)
             payload = await reply.read()
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ClientError) as exc:
             self._record(call, None, error=f"upstream failed mid-response: {exc}")
             return error_response(502, "upstream failed mid-response", "upstream_error")
         finally:
             reply.release()
         ok = reply.status == 200
         # The span is built after the response is on its way: recording adds no latency.
-        asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
-                                             None if ok else f"upstream answered {reply.status}")  # fmt: skip
-        return web.Response(status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call))
+        asyncio.get_running_loop().call_soon(
+            self._record, call, payload if ok else None, None if ok else f"upstream answered {reply.status}"
+        )
+        return web.Response(
+            status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call)
+        )
 
     @staticmethod
     def _headers(call: _Call) -> dict[str, str]:
         return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
 
-    async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:  # noqa: ANN001
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                           **self._headers(call)})  # fmt: skip
+    async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call)},
+        )
         await response.prepare(request)
         request[_STREAM_STARTED] = True
         events = _SSEParser(StreamAccumulator(call.kind))
@@ -383,7 +414,7 @@ class Gateway:
             async for chunk in reply.content.iter_any():
                 await response.write(chunk)  # unchanged, as soon as it arrives
                 events.feed(chunk)
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ClientError) as exc:
             error = f"upstream failed mid-stream: {exc}"
         finally:
             reply.release()
@@ -392,7 +423,9 @@ class Gateway:
         return response
 
     # -- spans -------------------------------------------------------------------------------------
-    def _record(self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None) -> None:
+    def _record(
+        self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None
+    ) -> None:
         if call.kind is None:
             return
         attributes: dict[str, Any] = {
@@ -421,9 +454,11 @@ class Gateway:
                 response = json.loads(payload)
                 attributes.update(token_attributes(call.kind, response))
                 usage = response.get("usage") or {}
-                for name, key in ((schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
-                                  (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
-                                  (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens")):  # fmt: skip
+                for name, key in (
+                    (schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
+                    (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
+                    (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens"),
+                ):
                     if isinstance(usage.get(key), int):
                         attributes[name] = usage[key]
                 if response.get("model"):
@@ -448,11 +483,17 @@ class Gateway:
             value = float(data["value"])
             name = str(data.get("name", schema.DEFAULT_REWARD_NAME))
         except (ValueError, KeyError, TypeError):
-            return error_response(400, 'body must be {"value": <number>, "name": <optional string>}', "invalid_request_error")
+            return error_response(
+                400, 'body must be {"value": <number>, "name": <optional string>}', "invalid_request_error"
+            )
         if not math.isfinite(value):
             return error_response(400, f"reward must be finite, got {value}", "invalid_request_error")
-        attributes = {schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR, schema.REWARD_NAME: name,
-                      schema.REWARD_VALUE: value, **identity}  # fmt: skip
+        attributes = {
+            schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR,
+            schema.REWARD_NAME: name,
+            schema.REWARD_VALUE: value,
+            **identity,
+        }
         self.tracer.start_span(schema.SPAN_REWARD, context=extract(dict(request.headers)), attributes=attributes).end()
         return web.json_response({"recorded": True})
 
@@ -465,12 +506,18 @@ def serve(config: GatewayConfig) -> None:
     endpoint = traces_endpoint(config.otlp_endpoint)
     provider = server_tracer_provider(SERVICE_NAME, endpoint)
     gateway = Gateway(config, provider.get_tracer("lightning_otel.gateway"))
-    print(f"lightning-otel gateway: http://{config.host}:{config.port}/v1 -> {', '.join(config.upstreams)}; "
-          f"spans -> {endpoint}", flush=True)
+    print(
+        f"lightning-otel gateway: http://{config.host}:{config.port}/v1 -> {', '.join(config.upstreams)}; "
+        f"spans -> {endpoint}",
+        flush=True,
+    )
     if not endpoint_listening(endpoint):
-        print(f"lightning-otel gateway: warning: nothing listens at {endpoint}: spans are lost until a collector does "
-              "(set --otlp-endpoint or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT to the collector's /v1/traces)",
-              file=sys.stderr, flush=True)
+        print(
+            f"lightning-otel gateway: warning: nothing listens at {endpoint}: spans are lost until a collector does "
+            "(set --otlp-endpoint or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT to the collector's /v1/traces)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         web.run_app(gateway.app(), host=config.host, port=config.port, print=None, access_log=None)
     finally:

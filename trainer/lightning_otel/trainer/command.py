@@ -35,7 +35,9 @@ def train(args: argparse.Namespace, on_stage: Callable[[str], None] | None = Non
     overrides = {k: v for k, v in vars(args).items() if "." in k}
     config = load_config(args.config, overrides)
     if os.environ.get("RANK", "0") == "0":  # before torch's imports: said at once
-        print(f"lightning-otel train: spans -> {traces_endpoint(config.store.otlp_endpoint)}", file=sys.stderr, flush=True)
+        print(
+            f"lightning-otel train: spans -> {traces_endpoint(config.store.otlp_endpoint)}", file=sys.stderr, flush=True
+        )
     from lightning_otel.trainer.checkpoints import JobFailed, LockHeld
     from lightning_otel.trainer.training_run import run_once
 

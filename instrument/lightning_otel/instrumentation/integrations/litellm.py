@@ -22,9 +22,9 @@ from typing import Any
 from opentelemetry import trace
 
 from lightning_otel.core import schema
+from lightning_otel.core.vllm_endpoint import CHAT, ENDPOINTS, StreamAccumulator, token_attributes, token_request_fields
 from lightning_otel.instrumentation.integrations._installed import installed
 from lightning_otel.instrumentation.options import Options
-from lightning_otel.core.vllm_endpoint import CHAT, ENDPOINTS, StreamAccumulator, token_attributes, token_request_fields
 
 log = logging.getLogger(__name__)
 NAME = "litellm"
@@ -78,7 +78,9 @@ def _record_stream(stream: Any, kwargs: dict) -> None:
     if parse is None:
         if not _warned:
             _warned = True
-            log.warning("lightning_otel: this LiteLLM's streams have no chunk_parser; streamed calls are recorded without token ids")
+            log.warning(
+                "lightning_otel: this LiteLLM's streams have no chunk_parser; streamed calls are recorded without token ids"
+            )
         return
     accumulator = StreamAccumulator(CHAT)
     finished = False
@@ -92,7 +94,7 @@ def _record_stream(stream: Any, kwargs: dict) -> None:
                 if accumulator.finish_reason is not None:
                     finished = True
                     _stamp(span, accumulator.attributes(), kwargs)
-            except Exception:  # noqa: BLE001 - recording must never break the caller's stream
+            except Exception:
                 log.exception("lightning_otel: could not record a LiteLLM stream")
         return parse(*args, **parser_kwargs)
 
