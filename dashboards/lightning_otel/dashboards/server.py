@@ -169,6 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
                     "schema": schema_names(),
                     "tokenizer": self.server.detokenizer is not None,
                     "token_required": bool(self.server.query_token),
+                    "max_concurrent_queries": self.server.query_max_concurrent,
                 },
             )
         else:

@@ -129,6 +129,41 @@ let pending = 0;
 
 class NeedsToken extends Error {}
 
+// The server runs at most `max_concurrent_queries` statements at once and answers 429 beyond that
+// (query_limits.py): the page queues its own queries to that many, and waits out a 429 caused by
+// other clients sharing the slots (Retry-After), a bounded number of times.
+let slots = 2;
+const waiting = [];
+const MAX_BUSY_RETRIES = 20;
+
+async function takeSlot() {
+  if (slots > 0) {
+    slots -= 1;
+    return;
+  }
+  await new Promise((resolve) => waiting.push(resolve));
+}
+
+function giveSlot() {
+  const next = waiting.shift();
+  if (next) next();
+  else slots += 1;
+}
+
+async function fetchWhenFree(path, init) {
+  await takeSlot();
+  try {
+    for (let attempt = 0; ; attempt += 1) {
+      const reply = await fetch(path, init);
+      if (reply.status !== 429 || attempt === MAX_BUSY_RETRIES) return reply;
+      const seconds = Number(reply.headers.get("Retry-After")) || 1;
+      await new Promise((resolve) => setTimeout(resolve, seconds * 1000 * (0.5 + Math.random())));
+    }
+  } finally {
+    giveSlot();
+  }
+}
+
 async function post(path, body) {
   const headers = { "Content-Type": "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
@@ -136,7 +171,7 @@ async function post(path, body) {
   pending += 1;
   statusLine.textContent = "loading…";
   try {
-    const reply = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
+    const reply = await fetchWhenFree(path, { method: "POST", headers, body: JSON.stringify(body) });
     if (reply.status === 401) {
       askForToken();
       throw new NeedsToken("this dashboard needs its query token");
@@ -219,6 +254,7 @@ async function start() {
     history.replaceState(null, "", url.pathname + url.search + url.hash);
   }
   const config = await (await fetch("v1/config")).json();
+  slots = Math.max(1, config.max_concurrent_queries || 1);
   api = {
     sql: makeSql(config.schema),
     schema: config.schema,
