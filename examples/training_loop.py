@@ -139,6 +139,8 @@ def sft_warmup(
         seed=seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        bf16=False,  # TRL's defaults (bf16, gradient checkpointing) only slow a tiny float32 model on CPU
+        gradient_checkpointing=False,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its metrics dict; the table is the output

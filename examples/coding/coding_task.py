@@ -49,7 +49,8 @@ class Task:
 
     @property
     def fix(self) -> str:
-        return f"sed -i 's/a {self.wrong} b/a {self.right} b/' {self.module}.py"
+        pattern = self.wrong.replace("*", "\\*")  # sed's basic regex: * repeats, \* is the character
+        return f"sed -i 's/a {pattern} b/a {self.right} b/' {self.module}.py"
 
     def encode(self) -> str:
         return f"{self.module},{self.function},{self.wrong},{self.x},{self.y}"

@@ -25,10 +25,10 @@ STEP_LIMIT = 4  # model calls per rollout: the scripted fix takes three (fix, te
 def build_model(out: Path, seed: int) -> Path:
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
-    # The harness's prompts in the tokenizer's corpus (a larger vocabulary): ~900 tokens a conversation, not ~1,700.
+    # The harness's prompts in the tokenizer's corpus, merged across words: its fixed text takes few tokens.
     conversations = coding_task.sft_examples(10, random.Random(seed), STEP_LIMIT)
-    extra = [m["content"] for example in conversations for m in example["prompt"] + example["completion"]] * 10
-    return build_tiny_model(out, seed=seed, vocab_size=2048, extra_text=extra)
+    extra = [m["content"] for example in conversations for m in example["prompt"] + example["completion"]] * 50
+    return build_tiny_model(out, seed=seed, vocab_size=2048, extra_text=extra, merge_words=True)
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:

@@ -40,7 +40,7 @@ def build_model(out: Path, seed: int) -> Path:
     rng = random.Random(seed)
     extra = [sql_task.SYSTEM_PROMPT, json.dumps(tool_schema(out.parent / "employees.duckdb"))] * 50
     extra += [" ".join(sql_task.make_task(rng)) for _ in range(500)]
-    return build_tiny_model(out, seed=seed, tool_calls=True, extra_text=extra)
+    return build_tiny_model(out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True)
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:

