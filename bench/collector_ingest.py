@@ -89,7 +89,11 @@ def _tree(pid: int) -> list[int]:
 
 def _peak_rss_kib(pid: int) -> int:
     try:
-        return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
+        return next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
     except (OSError, StopIteration):
         return 0
 
@@ -137,7 +141,9 @@ def main() -> None:
     parser.add_argument("--payload", choices=PAYLOADS, default="a")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--senders", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)"
+    )
     parser.add_argument("--target", help="post to this URL instead of starting our collector")
     parser.add_argument("--plain-arrays", action="store_true", help="(b) with OTLP int/double arrays, not packed")
     parser.add_argument("--token-encoding", choices=("bytes", "base64"), default="bytes", help="(b) packed as")
@@ -152,8 +158,11 @@ def main() -> None:
     bodies = variants(base, args.requests, seed=1)
     total_spans = spans_per_request * len(bodies)
     total_bytes = sum(len(b) for b in bodies)
-    print(f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
-          f"{total_bytes / len(bodies) / 1e6:.1f} MB per request", flush=True)  # fmt: skip
+    print(
+        f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
+        f"{total_bytes / len(bodies) / 1e6:.1f} MB per request",
+        flush=True,
+    )
 
     collector = None
     workdir = tempfile.mkdtemp(prefix="lightning-bench-")
@@ -162,8 +171,12 @@ def main() -> None:
     else:
         from lightning_otel.core.servers import CollectorProcess
 
-        collector = CollectorProcess(Path(workdir) / "data", flush_interval_s=1.0, log_path=Path(workdir) / "collector.log",
-                                     extra_args=["--workers", str(args.workers)]).start()  # fmt: skip
+        collector = CollectorProcess(
+            Path(workdir) / "data",
+            flush_interval_s=1.0,
+            log_path=Path(workdir) / "collector.log",
+            extra_args=["--workers", str(args.workers)],
+        ).start()
         url = collector.url + "/v1/traces"
     try:
         context = multiprocessing.get_context("fork")  # senders inherit the prebuilt bodies
@@ -172,7 +185,10 @@ def main() -> None:
         shares = [bodies[i :: args.senders] for i in range(args.senders)]
         processes = [context.Process(target=sender, args=(url, share, start_at, results)) for share in shares]
         if collector is not None:
-            cpu_before = {"receiver": cpu_seconds(collector.process.pid), "workers": cpu_seconds_children(collector.process.pid)}
+            cpu_before = {
+                "receiver": cpu_seconds(collector.process.pid),
+                "workers": cpu_seconds_children(collector.process.pid),
+            }
         for process in processes:
             process.start()
         sent = [results.get() for _ in processes]
@@ -186,11 +202,19 @@ def main() -> None:
         latencies = sorted((r[1] - r[0]) * 1000 for r in records)
         send_s = last - first
         out = {
-            "payload": args.payload, "requests": len(bodies), "spans": total_spans, "senders": args.senders,
-            "workers": args.workers, "plain_arrays": args.plain_arrays, "token_encoding": args.token_encoding, "non_200": failures,
-            "ack_spans_per_s": total_spans / send_s, "ack_mb_per_s": total_bytes / send_s / 1e6,
-            "ack_p50_ms": statistics.median(latencies), "ack_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
-        }  # fmt: skip
+            "payload": args.payload,
+            "requests": len(bodies),
+            "spans": total_spans,
+            "senders": args.senders,
+            "workers": args.workers,
+            "plain_arrays": args.plain_arrays,
+            "token_encoding": args.token_encoding,
+            "non_200": failures,
+            "ack_spans_per_s": total_spans / send_s,
+            "ack_mb_per_s": total_bytes / send_s / 1e6,
+            "ack_p50_ms": statistics.median(latencies),
+            "ack_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+        }
         if collector is not None:
             from lightning_otel.collector import connect
 

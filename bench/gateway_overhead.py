@@ -49,34 +49,54 @@ LITELLM_KEY = "sk-lightning-bench"
 
 
 def load(url: str, requests: int, concurrency: int, token: str = "x") -> dict:
-    out = subprocess.run([sys.executable, "-c", LOAD, url, str(requests), str(concurrency), token],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, url, str(requests), str(concurrency), token],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     data = json.loads(out.stdout.strip().splitlines()[-1])
     latencies = sorted(data["latencies"])
-    return {"p50_ms": statistics.median(latencies) * 1e3, "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1e3,
-            "requests_per_s": len(latencies) / data["seconds"]}  # fmt: skip
+    return {
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] * 1e3,
+        "requests_per_s": len(latencies) / data["seconds"],
+    }
 
 
 def litellm_proxy(binary: str, upstream: str, workdir: Path, port: int) -> subprocess.Popen:
     config = workdir / "litellm.yaml"
-    config.write_text(textwrap.dedent(f"""
+    config.write_text(
+        textwrap.dedent(f"""
         model_list:
           - model_name: policy
             litellm_params: {{model: hosted_vllm/policy, api_base: "{upstream}/v1", api_key: x}}
-    """))
-    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_MASTER_KEY": LITELLM_KEY,
-           "PATH": str(Path(binary).parent) + ":/usr/bin:/bin"}  # fmt: skip
-    return subprocess.Popen([binary, "--config", str(config), "--host", "127.0.0.1",
-                             "--port", str(port), "--num_workers", "1"], env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    """)
+    )
+    env = {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "PATH": str(Path(binary).parent) + ":/usr/bin:/bin",
+    }
+    return subprocess.Popen(
+        [binary, "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--litellm", metavar="BIN", help="also measure the LiteLLM proxy started by this `litellm` "
-                        "executable (pip install 'litellm[proxy]', best in a separate venv)")
+    parser.add_argument(
+        "--litellm",
+        metavar="BIN",
+        help="also measure the LiteLLM proxy started by this `litellm` "
+        "executable (pip install 'litellm[proxy]', best in a separate venv)",
+    )
     args = parser.parse_args()
     from lightning_otel.core.servers import CollectorProcess, GatewayProcess, free_port, stop_process, wait_http_ok
 
@@ -96,7 +116,9 @@ def main() -> None:
             proxy = litellm_proxy(args.litellm, upstream, workdir, proxy_port)
             try:
                 wait_http_ok(f"http://127.0.0.1:{proxy_port}/health/liveliness", 120, proxy, "LiteLLM proxy")
-                results["litellm proxy"] = [load(f"http://127.0.0.1:{proxy_port}/v1", args.requests, args.concurrency, LITELLM_KEY)]
+                results["litellm proxy"] = [
+                    load(f"http://127.0.0.1:{proxy_port}/v1", args.requests, args.concurrency, LITELLM_KEY)
+                ]
             finally:
                 stop_process(proxy)
     finally:
@@ -104,11 +126,15 @@ def main() -> None:
     best = {label: min(runs, key=lambda r: r["p50_ms"]) for label, runs in results.items()}
     for label, r in best.items():
         print(f"{label:>14}: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, {r['requests_per_s']:.0f} req/s")
-    print(f"gateway adds {best['gateway']['p50_ms'] - best['direct']['p50_ms']:.2f} ms p50, "
-          f"{best['gateway']['p99_ms'] - best['direct']['p99_ms']:.2f} ms p99 at concurrency {args.concurrency}")  # fmt: skip
+    print(
+        f"gateway adds {best['gateway']['p50_ms'] - best['direct']['p50_ms']:.2f} ms p50, "
+        f"{best['gateway']['p99_ms'] - best['direct']['p99_ms']:.2f} ms p99 at concurrency {args.concurrency}"
+    )
     if "litellm proxy" in best:
-        print(f"LiteLLM proxy adds {best['litellm proxy']['p50_ms'] - best['direct']['p50_ms']:.2f} ms p50; "
-              f"gateway req/s / LiteLLM proxy req/s = {best['gateway']['requests_per_s'] / best['litellm proxy']['requests_per_s']:.1f}")  # fmt: skip
+        print(
+            f"LiteLLM proxy adds {best['litellm proxy']['p50_ms'] - best['direct']['p50_ms']:.2f} ms p50; "
+            f"gateway req/s / LiteLLM proxy req/s = {best['gateway']['requests_per_s'] / best['litellm proxy']['requests_per_s']:.1f}"
+        )
 
 
 if __name__ == "__main__":

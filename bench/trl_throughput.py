@@ -31,7 +31,10 @@ PROMPTS, GENERATIONS, MAX_COMPLETION = 64, 4, 128
 def make_samples(seed: int = 0):
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, 500, rng.integers(32, 129)).tolist() for _ in range(PROMPTS)]
-    completions = [[rng.integers(3, 500, rng.integers(16, MAX_COMPLETION + 1)).tolist() for _ in range(GENERATIONS)] for _ in prompts]
+    completions = [
+        [rng.integers(3, 500, rng.integers(16, MAX_COMPLETION + 1)).tolist() for _ in range(GENERATIONS)]
+        for _ in prompts
+    ]
     logprobs = [[(-rng.random(len(c)) * 3).tolist() for c in group] for group in completions]
     rewards = rng.random((PROMPTS, GENERATIONS)).tolist()
     return prompts, completions, logprobs, rewards
@@ -46,9 +49,15 @@ def ours(model_dir: Path, steps: int, layout: str) -> tuple[float, float]:
 
     prompts, completions, logprobs, rewards = make_samples()
     rollouts = [
-        RolloutRecord(f"{p}-{g}", f"task-{p}", rewards[p][g], chains=[[LLMCall(f"{p}-{g}", prompts[p], completions[p][g], logprobs[p][g])]])
-        for p in range(PROMPTS) for g in range(GENERATIONS)
-    ]  # fmt: skip
+        RolloutRecord(
+            f"{p}-{g}",
+            f"task-{p}",
+            rewards[p][g],
+            chains=[[LLMCall(f"{p}-{g}", prompts[p], completions[p][g], logprobs[p][g])]],
+        )
+        for p in range(PROMPTS)
+        for g in range(GENERATIONS)
+    ]
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = UpdateConfig(learning_rate=1e-5, layout=layout, pack_length=512 if layout == "packed" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
@@ -86,15 +95,31 @@ def trl(model_dir: Path, steps: int) -> float:
         return [reward_of.get(tuple(ids), 0.0) for ids in completion_ids]
 
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=32, gradient_accumulation_steps=8,
-        num_generations=GENERATIONS, max_completion_length=MAX_COMPLETION, max_steps=steps + 1, learning_rate=1e-5,
-        use_cpu=True, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, loss_type="dapo",
-        beta=0.0, dataloader_num_workers=0,
-    )  # fmt: skip
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=32,
+        gradient_accumulation_steps=8,
+        num_generations=GENERATIONS,
+        max_completion_length=MAX_COMPLETION,
+        max_steps=steps + 1,
+        learning_rate=1e-5,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        loss_type="dapo",
+        beta=0.0,
+        dataloader_num_workers=0,
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), reward_funcs=reward_func,
-                          args=args, train_dataset=Dataset.from_list([{"prompt": p} for p in index]),
-                          processing_class=tokenizer, rollout_func=rollout_func)  # fmt: skip
+    trainer = GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        reward_funcs=reward_func,
+        args=args,
+        train_dataset=Dataset.from_list([{"prompt": p} for p in index]),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
     times = []
 
     class Timer:  # a transformers callback: time each optimizer step
@@ -121,8 +146,12 @@ def main() -> None:
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
     transformers_logging.disable_progress_bar()
-    model_dir = build_tiny_model(Path(tempfile.mkdtemp()) / "m6", hidden_size=256, layers=6, heads=8, kv_heads=8, intermediate_size=1024)
-    params = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    model_dir = build_tiny_model(
+        Path(tempfile.mkdtemp()) / "m6", hidden_size=256, layers=6, heads=8, kv_heads=8, intermediate_size=1024
+    )
+    params = sum(
+        p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(model_dir).parameters()
+    )
     print(f"model: {params / 1e6:.1f}M parameters; {PROMPTS} prompts x {GENERATIONS} completions per step")
     results = {layout: ours(model_dir, args.steps, layout) for layout in ("shared_prefix", "sorted", "packed")}
     theirs = trl(model_dir, args.steps)

@@ -23,8 +23,12 @@ class _plain:
 
 
 def call(name, prompt, completion, logprobs=None):
-    return LLMCall(span_id=name, prompt_ids=prompt, completion_ids=completion,
-                   logprobs=logprobs if logprobs is not None else [-0.1 * (i + 1) for i in range(len(completion))])
+    return LLMCall(
+        span_id=name,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        logprobs=logprobs if logprobs is not None else [-0.1 * (i + 1) for i in range(len(completion))],
+    )
 
 
 def test_second_call_extending_the_first_exactly_merges_into_one_sample():
@@ -127,11 +131,12 @@ def test_properties_of_merging(calls):
     # the number of samples is 1 + the boundaries where the next prompt does not start with
     # the previous call's prompt + completion (the spec, computed without the merger)
     failed = sum(
-        1 for prev, nxt in zip(calls, calls[1:])
+        1
+        for prev, nxt in zip(calls, calls[1:])
         if nxt.prompt_ids[: len(prev.prompt_ids) + len(prev.completion_ids)].tolist()
         != prev.prompt_ids.tolist() + prev.completion_ids.tolist()
         or len(nxt.prompt_ids) < len(prev.prompt_ids) + len(prev.completion_ids)
-    )  # fmt: skip
+    )
     assert len(samples) == 1 + failed
     assert sum(not b.merged for b in boundaries) == failed and len(boundaries) == len(calls) - 1
     for prev, nxt, boundary in zip(calls, calls[1:], boundaries):

@@ -74,8 +74,10 @@ def test_each_normalization_on_a_hand_computed_batch():
 
     # samples: rollout 0 -> [2 tokens]; rollout 1 -> [1 token], [3 tokens]
     masks, owner = [[0, 1, 1], [1], [0, 1, 1, 1]], [0, 1, 1]
-    weights = {n: [w.tolist() for w in token_weights(masks, owner, n, fixed_length=4)]
-               for n in ("rollout", "sample", "batch_token", "fixed_length")}  # fmt: skip
+    weights = {
+        n: [w.tolist() for w in token_weights(masks, owner, n, fixed_length=4)]
+        for n in ("rollout", "sample", "batch_token", "fixed_length")
+    }
     assert weights["rollout"] == [[0, 1 / 4, 1 / 4], [1 / 8], [0, 1 / 8, 1 / 8, 1 / 8]]  # 1/(R*T_r): T_0 = 2, T_1 = 4
     assert weights["sample"] == [[0, 1 / 6, 1 / 6], [1 / 3], [0, 1 / 9, 1 / 9, 1 / 9]]  # 1/(S*T_s), S = 3
     assert weights["batch_token"] == [[0, 1 / 6, 1 / 6], [1 / 6], [0, 1 / 6, 1 / 6, 1 / 6]]  # 1/T, T = 6

@@ -27,11 +27,15 @@ def _rollout(tracer, rollout_id, task, reward, calls):
         for name, prompt, completion, *rest in calls:
             with tracer.start_as_current_span("step", attributes=identity):
                 _llm(tracer, name, prompt, completion, *rest, extra=identity)
-            with tracer.start_as_current_span("tool", attributes={**identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_TOOL}):
+            with tracer.start_as_current_span(
+                "tool", attributes={**identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_TOOL}
+            ):
                 pass
         if reward is not None:
             # written with the raw OTel API: other exporters can send what reward() would refuse
-            tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}
+            ).end()
 
 
 @pytest.fixture
@@ -67,7 +71,9 @@ def test_calls_come_out_in_causal_order_and_merge(store):
     good = next(r for r in selection.rollouts if r.rollout_id == "good")
     assert [c.prompt_ids.tolist() for c in good.calls] == [[1, 2], [1, 2, 3, 9], [7]]
     batch = build_batch(selection)
-    tokens = [s.token_ids.tolist() for s, r in zip(batch.samples, batch.rollout_of_sample) if batch.rollout_ids[r] == "good"]
+    tokens = [
+        s.token_ids.tolist() for s, r in zip(batch.samples, batch.rollout_of_sample) if batch.rollout_ids[r] == "good"
+    ]
     assert tokens == [[1, 2, 3, 9, 4, 5], [7, 8]]
     assert batch.samples_per_rollout == 1.5
 
@@ -82,9 +88,14 @@ MS = 1_000_000  # ns
 
 
 def _timed_llm(tracer, name, start_ms, end_ms, prompt, completion, identity, version="1"):
-    attributes = {**identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: prompt,
-                  schema.COMPLETION_TOKEN_IDS: completion, schema.COMPLETION_LOGPROBS: [-1.0] * len(completion),
-                  schema.POLICY_VERSION: version}  # fmt: skip
+    attributes = {
+        **identity,
+        schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+        schema.PROMPT_TOKEN_IDS: prompt,
+        schema.COMPLETION_TOKEN_IDS: completion,
+        schema.COMPLETION_LOGPROBS: [-1.0] * len(completion),
+        schema.POLICY_VERSION: version,
+    }
     tracer.start_span(name, attributes=attributes, start_time=start_ms * MS).end(end_time=end_ms * MS)
 
 
@@ -95,8 +106,11 @@ def structured_store(tmp_path):
     def build(tracer):
         base = 1_800_000_000_000  # ms
         identity = {schema.ROLLOUT_ID: "shaped", schema.TASK_ID: "t"}
-        root = tracer.start_span("rollout", attributes={**identity, schema.ROLLOUT_ROOT: True, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT},
-                                 start_time=base * MS)  # fmt: skip
+        root = tracer.start_span(
+            "rollout",
+            attributes={**identity, schema.ROLLOUT_ROOT: True, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT},
+            start_time=base * MS,
+        )
         with trace_api.use_span(root, end_on_exit=False):
             _timed_llm(tracer, "a1", base + 10, base + 20, [1, 2], [3], identity)
             # two calls at once: they must land in different chains
@@ -104,22 +118,44 @@ def structured_store(tmp_path):
             _timed_llm(tracer, "p2", base + 35, base + 55, [1, 2, 3, 4], [6], identity, version="2")
             # continues p2's sequence exactly, after both ended
             _timed_llm(tracer, "a2", base + 70, base + 80, [1, 2, 3, 4, 6, 7], [8], identity, version="2")
-            sub = tracer.start_span("researcher", attributes={**identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT},
-                                    start_time=(base + 90) * MS)  # fmt: skip
+            sub = tracer.start_span(
+                "researcher",
+                attributes={**identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT},
+                start_time=(base + 90) * MS,
+            )
             with trace_api.use_span(sub, end_on_exit=False):
                 _timed_llm(tracer, "s1", base + 91, base + 95, [50, 51], [52], identity)
             sub.end(end_time=(base + 100) * MS)
             for name, value in (("reward", 1.0), ("format", 0.5)):
-                tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: name, schema.REWARD_VALUE: value}).end()
+                tracer.start_span(
+                    "reward", attributes={**identity, schema.REWARD_NAME: name, schema.REWARD_VALUE: value}
+                ).end()
         root.end(end_time=(base + 200) * MS)
         # an orphan: its parent span was never exported; its time lies inside the rollout span
         orphan_identity = {schema.ROLLOUT_ID: "shaped", schema.TASK_ID: "t"}
-        ctx = trace_api.set_span_in_context(trace_api.NonRecordingSpan(trace_api.SpanContext(
-            root.get_span_context().trace_id, 0xDEADBEEF, is_remote=True,
-            trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED))))  # fmt: skip
-        span = tracer.start_span("lost-child", context=ctx, attributes={**orphan_identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
-                                 schema.PROMPT_TOKEN_IDS: [1, 2, 3, 4, 6, 7, 8, 9], schema.COMPLETION_TOKEN_IDS: [10],
-                                 schema.COMPLETION_LOGPROBS: [-1.0], schema.POLICY_VERSION: "2"}, start_time=(base + 110) * MS)  # fmt: skip
+        ctx = trace_api.set_span_in_context(
+            trace_api.NonRecordingSpan(
+                trace_api.SpanContext(
+                    root.get_span_context().trace_id,
+                    0xDEADBEEF,
+                    is_remote=True,
+                    trace_flags=trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED),
+                )
+            )
+        )
+        span = tracer.start_span(
+            "lost-child",
+            context=ctx,
+            attributes={
+                **orphan_identity,
+                schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                schema.PROMPT_TOKEN_IDS: [1, 2, 3, 4, 6, 7, 8, 9],
+                schema.COMPLETION_TOKEN_IDS: [10],
+                schema.COMPLETION_LOGPROBS: [-1.0],
+                schema.POLICY_VERSION: "2",
+            },
+            start_time=(base + 110) * MS,
+        )
         span.end(end_time=(base + 120) * MS)
         # a second rollout, other service and versions, for selection filters
         other = {schema.ROLLOUT_ID: "other", schema.TASK_ID: "t"}
@@ -139,7 +175,9 @@ def test_concurrent_calls_become_separate_chains_and_orphans_are_placed(structur
     chains = sorted([[c.span_id for c in chain] for chain in rollout.chains])
     names = dict(structured_store.execute("SELECT span_id, name FROM spans").fetchall())
     assert sorted([[names[c.span_id] for c in chain] for chain in rollout.chains]) == [
-        ["a1", "p1"], ["p2", "a2", "lost-child"], ["s1"],  # p1 and p2 overlapped; s1 is the sub-agent's
+        ["a1", "p1"],
+        ["p2", "a2", "lost-child"],
+        ["s1"],  # p1 and p2 overlapped; s1 is the sub-agent's
     ]
     assert rollout.orphans == 1 and len(chains) == 3
     batch = build_batch(select_rollouts(structured_store, "rollout_id = 'shaped'"))
@@ -182,24 +220,37 @@ def test_calls_without_token_ids_can_be_rebuilt_from_messages(tmp_path, tiny_mod
     identity = {schema.ROLLOUT_ID: "hosted", schema.TASK_ID: "t"}
 
     def build(tracer):
-        tracer.start_span("ChatCompletion", attributes={
-            **identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
-            "llm.input_messages.0.message.role": "user", "llm.input_messages.0.message.content": "hello",
-            "llm.output_messages.0.message.content": " apple",
-        }).end()  # fmt: skip
-        tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: 1.0}).end()
+        tracer.start_span(
+            "ChatCompletion",
+            attributes={
+                **identity,
+                schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                "llm.input_messages.0.message.role": "user",
+                "llm.input_messages.0.message.content": "hello",
+                "llm.output_messages.0.message.content": " apple",
+            },
+        ).end()
+        tracer.start_span(
+            "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: 1.0}
+        ).end()
 
     with local_collector(tmp_path / "data") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
         collector.flush()
         conn = connect(collector.data_dir)
         assert select_rollouts(conn).excluded == {"hosted": "no LLM call with token ids and logprobs"}
-        [rollout] = select_rollouts(conn, config=SelectionConfig(allow_reconstructed=True, tokenizer=tokenizer)).rollouts
+        [rollout] = select_rollouts(
+            conn, config=SelectionConfig(allow_reconstructed=True, tokenizer=tokenizer)
+        ).rollouts
     [call] = rollout.calls
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello"}], add_generation_prompt=True, tokenize=False
+    )
     assert call.reconstructed and rollout.reconstructed_calls == 1
     assert call.prompt_ids.tolist() == tokenizer.encode(rendered, add_special_tokens=False)
-    assert call.completion_ids.tolist() == tokenizer.encode(" apple", add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert call.completion_ids.tolist() == tokenizer.encode(" apple", add_special_tokens=False) + [
+        tokenizer.eos_token_id
+    ]
     assert all(v != v for v in call.logprobs)  # NaN: no behaviour logprobs
 
 
@@ -218,7 +269,9 @@ def test_merge_diagnostics_are_queryable_next_to_the_spans(tmp_path, tiny_model_
         _timed_llm(tracer, "c1", 1000, 1010, [1, 2], [3, 4], identity)
         _timed_llm(tracer, "c2", 1020, 1030, [1, 2, 3, 4, 5], [6], identity)  # extends: merges
         _timed_llm(tracer, "c3", 1040, 1050, [7, 2, 3, 4, 5, 6], [8], identity)  # history edited
-        tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: 1.0}).end()
+        tracer.start_span(
+            "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: 1.0}
+        ).end()
 
     with local_collector(tmp_path / "data") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -226,13 +279,23 @@ def test_merge_diagnostics_are_queryable_next_to_the_spans(tmp_path, tiny_model_
         batch = build_batch(select_rollouts(connect(collector.data_dir)))
         records = diagnose(batch, tokenizer)
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.http_endpoint + "/v1/traces")))
+        provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=collector.http_endpoint + "/v1/traces"))
+        )
         publish(records, provider.get_tracer("trainer"))
         provider.shutdown()
         collector.flush()
-        rows = connect(collector.data_dir).execute(
-            "SELECT merged, position, cause FROM merge_diagnostics WHERE rollout_id = 'diag' ORDER BY merged DESC"
-        ).fetchall()
-        rollout = connect(collector.data_dir).execute("SELECT llm_calls, end_time FROM rollouts WHERE rollout_id = 'diag'").fetchall()
+        rows = (
+            connect(collector.data_dir)
+            .execute(
+                "SELECT merged, position, cause FROM merge_diagnostics WHERE rollout_id = 'diag' ORDER BY merged DESC"
+            )
+            .fetchall()
+        )
+        rollout = (
+            connect(collector.data_dir)
+            .execute("SELECT llm_calls, end_time FROM rollouts WHERE rollout_id = 'diag'")
+            .fetchall()
+        )
     assert rows == [(True, None, None), (False, 0, "context_rewritten")]
     assert rollout[0][0] == 3  # diagnostics are not spans of the rollout

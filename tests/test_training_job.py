@@ -33,11 +33,23 @@ def store(tmp_path):
             identity = {schema.ROLLOUT_ID: f"job-{index:02d}", schema.TASK_ID: f"task-{index % 4}"}
             prompt = [rng.randrange(3, 500) for _ in range(12)]
             first = [rng.randrange(3, 500) for _ in range(4)]
-            for prompt_ids, completion in ((prompt, first), (prompt + first + [7, 8], [rng.randrange(3, 500) for _ in range(3)])):
-                tracer.start_span("ChatCompletion", attributes={
-                    **identity, schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: prompt_ids,
-                    schema.COMPLETION_TOKEN_IDS: completion, schema.COMPLETION_LOGPROBS: [-2.0] * len(completion)}).end()  # fmt: skip
-            tracer.start_span("reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: rng.random()}).end()
+            for prompt_ids, completion in (
+                (prompt, first),
+                (prompt + first + [7, 8], [rng.randrange(3, 500) for _ in range(3)]),
+            ):
+                tracer.start_span(
+                    "ChatCompletion",
+                    attributes={
+                        **identity,
+                        schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                        schema.PROMPT_TOKEN_IDS: prompt_ids,
+                        schema.COMPLETION_TOKEN_IDS: completion,
+                        schema.COMPLETION_LOGPROBS: [-2.0] * len(completion),
+                    },
+                ).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: rng.random()}
+            ).end()
 
     with local_collector(tmp_path / "traces") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -72,7 +84,9 @@ keep = 2
     return path
 
 
-def _train(config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()) -> subprocess.CompletedProcess:
+def _train(
+    config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()
+) -> subprocess.CompletedProcess:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     env.pop("LIGHTNING_OTEL_FAULT", None)
     if fault:
@@ -80,9 +94,23 @@ def _train(config: Path, fault: str | None = None, as_json: bool = True, ranks: 
     launcher = [sys.executable, "-m"]
     if ranks > 1:
         env["OMP_NUM_THREADS"] = "1"
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port()), "-m"]
-    return subprocess.run([*launcher, "lightning_otel", "train", "--config", str(config), *flags, *(["--json"] if as_json else [])],
-                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+        launcher = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(ranks),
+            "--master-port",
+            str(free_port()),
+            "-m",
+        ]
+    return subprocess.run(
+        [*launcher, "lightning_otel", "train", "--config", str(config), *flags, *(["--json"] if as_json else [])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def _trained(state: Path) -> list[str]:
@@ -95,7 +123,9 @@ def base_served(vllm_server, tiny_model_dir):
     hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "0", rollback_dir=tiny_model_dir)
 
 
-def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(tmp_path, store, vllm_server, tiny_model_dir, base_served):
+def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(
+    tmp_path, store, vllm_server, tiny_model_dir, base_served
+):
     config = _config(tmp_path, store, vllm_server, tiny_model_dir)
     outcomes = []
     for fault in ("after_load", "mid_step", "after_checkpoint", "after_swap"):
@@ -120,7 +150,9 @@ def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(tmp_path, st
     assert len(list((tmp_path / "state" / "checkpoints").glob("step-*"))) == 2  # retention kept 2
 
 
-def test_a_checkpoint_the_probe_rejects_leaves_the_previous_weights(tmp_path, store, vllm_server, tiny_model_dir, base_served):
+def test_a_checkpoint_the_probe_rejects_leaves_the_previous_weights(
+    tmp_path, store, vllm_server, tiny_model_dir, base_served
+):
     config = _config(tmp_path, store, vllm_server, tiny_model_dir)
     first = _train(config)
     assert first.returncode == 0, first.stderr[-2000:]
@@ -181,7 +213,9 @@ def test_config_file_and_flags(tmp_path):
     from lightning_otel.trainer.config import load_config
 
     path = tmp_path / "t.toml"
-    path.write_text('[selection]\nmax_rollouts = 9\n[server]\nreplicas = ["http://a", "http://b"]\n[update]\nlearning_rate = 0.5\n')
+    path.write_text(
+        '[selection]\nmax_rollouts = 9\n[server]\nreplicas = ["http://a", "http://b"]\n[update]\nlearning_rate = 0.5\n'
+    )
     config = load_config(str(path), {"update.learning_rate": "0.25", "server.replicas": "http://c,http://d"})
     assert config.selection.max_rollouts == 9 and config.update.learning_rate == 0.25
     assert config.server.replicas == ["http://c", "http://d"]

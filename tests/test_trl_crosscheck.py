@@ -48,19 +48,36 @@ def _trl_loss(loss_type: str, logits, completion_ids, mask, old, advantages):  #
         return selective_log_softmax(logits, completion_ids), entropy_from_logits(logits), None
 
     trainer = SimpleNamespace(
-        _get_per_token_logps_and_entropies=per_token_logps_and_entropies, top_entropy_quantile=1.0,
-        aux_loss_enabled=False, off_policy_mask_threshold=None, importance_sampling_level="token", beta=0.0,
-        loss_type=loss_type, epsilon_low=0.2, epsilon_high=0.28, args=SimpleNamespace(delta=None, steps_per_generation=1),
-        use_vllm=False, vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1, max_completion_length=MAX_COMPLETION, accelerator=_Accelerator(),
-        _metrics={"train": defaultdict(list), "eval": defaultdict(list)}, _entropy_bonus_enabled=False,
-        use_adaptive_entropy=False, _step=0,
-    )  # fmt: skip
+        _get_per_token_logps_and_entropies=per_token_logps_and_entropies,
+        top_entropy_quantile=1.0,
+        aux_loss_enabled=False,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=0.0,
+        loss_type=loss_type,
+        epsilon_low=0.2,
+        epsilon_high=0.28,
+        args=SimpleNamespace(delta=None, steps_per_generation=1),
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=1,
+        max_completion_length=MAX_COMPLETION,
+        accelerator=_Accelerator(),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+        _entropy_bonus_enabled=False,
+        use_adaptive_entropy=False,
+        _step=0,
+    )
     inputs = {
-        "prompt_ids": torch.zeros(B, PROMPT, dtype=torch.long), "prompt_mask": torch.ones(B, PROMPT, dtype=torch.long),
-        "completion_ids": completion_ids, "completion_mask": mask, "advantages": advantages,
-        "old_per_token_logps": old, "num_items_in_batch": mask.sum(),
-    }  # fmt: skip
+        "prompt_ids": torch.zeros(B, PROMPT, dtype=torch.long),
+        "prompt_mask": torch.ones(B, PROMPT, dtype=torch.long),
+        "completion_ids": completion_ids,
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
     return GRPOTrainer._compute_loss(trainer, None, inputs)
 
 

@@ -121,10 +121,23 @@ def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path
     out = tmp_path / "params.pt"
     env = {**os.environ, "PYTHONPATH": str(here), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-         str(here / "dist_update_worker.py"), str(tiny_model_dir), str(out)],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(free_port()),
+            str(here / "dist_update_worker.py"),
+            str(tiny_model_dir),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -143,11 +156,17 @@ def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_model_dir, tmp_
     from lightning_otel.trainer.policy import PolicyTrainer
     from lightning_otel.trainer.rollout_data import Selection
 
-    trainer = PolicyTrainer(tiny_model_dir, tmp_path, UpdateConfig(learning_rate=1e-2),
-                            lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))  # fmt: skip
+    trainer = PolicyTrainer(
+        tiny_model_dir,
+        tmp_path,
+        UpdateConfig(learning_rate=1e-2),
+        lora=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
-    rollouts = [RolloutRecord(f"r{i}", "t", float(i), chains=[[LLMCall(f"c{i}", [1, 2, 3], [4 + i, 5], [-1.0, -1.0])]])
-                for i in range(2)]  # fmt: skip
+    rollouts = [
+        RolloutRecord(f"r{i}", "t", float(i), chains=[[LLMCall(f"c{i}", [1, 2, 3], [4 + i, 5], [-1.0, -1.0])]])
+        for i in range(2)
+    ]
     result = trainer.train_on(Selection(rollouts, {}))
     assert result.metrics["grad_norm"] > 0
     assert all(torch.equal(frozen[n], p) for n, p in trainer.model.named_parameters() if n in frozen)

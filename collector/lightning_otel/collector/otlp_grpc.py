@@ -84,4 +84,3 @@ def start_grpc_server(host: str, port: int, ingestor: Ingestor, token: str | Non
         raise OSError(f"cannot bind gRPC to {host}:{port}")
     server.start()
     return server, bound
-

@@ -61,7 +61,9 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt: str, *args) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
 
-    def _reply(self, code: int, body: bytes, content_type: str, headers: dict | None = None, close: bool = False) -> None:
+    def _reply(
+        self, code: int, body: bytes, content_type: str, headers: dict | None = None, close: bool = False
+    ) -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -73,8 +75,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _error(self, http_code: int, grpc_code: int, message: str, content_type: str = PROTOBUF,
-               headers: dict | None = None, close: bool = False) -> None:  # fmt: skip
+    def _error(
+        self,
+        http_code: int,
+        grpc_code: int,
+        message: str,
+        content_type: str = PROTOBUF,
+        headers: dict | None = None,
+        close: bool = False,
+    ) -> None:
         status = status_pb2.Status(code=grpc_code, message=message)
         body = encode_json(status) if content_type == JSON else status.SerializeToString()
         self._reply(http_code, body, content_type, headers, close)
@@ -87,7 +96,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(411, code_pb2.INVALID_ARGUMENT, "Content-Length required", content_type, close=True)
             return None
         if length > self.server.max_body_bytes:
-            self._error(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {self.server.max_body_bytes} bytes", content_type, close=True)
+            self._error(
+                413,
+                code_pb2.INVALID_ARGUMENT,
+                f"body exceeds {self.server.max_body_bytes} bytes",
+                content_type,
+                close=True,
+            )
             return None
         return self.rfile.read(length)
 
@@ -110,8 +125,14 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         reply_type = JSON if content_type == JSON else PROTOBUF
         if not bearer_ok(self.headers.get("Authorization"), self.server.token):
-            self._error(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
-                        headers={"WWW-Authenticate": "Bearer"}, close=True)  # fmt: skip
+            self._error(
+                401,
+                code_pb2.UNAUTHENTICATED,
+                "missing or wrong bearer token",
+                reply_type,
+                headers={"WWW-Authenticate": "Bearer"},
+                close=True,
+            )
             return
         if content_type not in (PROTOBUF, JSON):
             self._error(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {content_type!r}", close=True)
@@ -137,7 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         except Overloaded as exc:
             code = 429 if exc.too_many_requests else 503
-            self._error(code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)})
+            self._error(
+                code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)}
+            )
             return
         except OSError as exc:  # disk full or gone: the exporter should retry later
             log.error("write-ahead log append failed: %s", exc)
@@ -151,7 +174,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _query(self) -> None:
         if not bearer_ok(self.headers.get("Authorization"), self.server.query_token):
-            self._reply(401, b'{"error": "missing or wrong bearer token"}', JSON, headers={"WWW-Authenticate": "Bearer"}, close=True)
+            self._reply(
+                401,
+                b'{"error": "missing or wrong bearer token"}',
+                JSON,
+                headers={"WWW-Authenticate": "Bearer"},
+                close=True,
+            )
             return
         raw = self._read_body(JSON)
         if raw is None:
@@ -168,8 +197,16 @@ class OTLPHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str, port: int, ingestor: Ingestor, data_dir: str, token: str | None = None,
-                 query_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ingestor: Ingestor,
+        data_dir: str,
+        token: str | None = None,
+        query_token: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+    ) -> None:
         self.ingestor = ingestor
         self.data_dir = data_dir
         self.token = token

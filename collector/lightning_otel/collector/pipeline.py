@@ -103,7 +103,9 @@ class Pipeline:
         self.compact_grace_s = compact_grace_s
         self.retention_hours = retention_hours
         self.executor: Executor = (
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 0 else _InlineExecutor()
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            if workers > 0
+            else _InlineExecutor()
         )
         # Segments from an earlier run may end in a torn record: only their CRCs are checked.
         self._inherited = set(wal.segments())
@@ -190,7 +192,9 @@ class Pipeline:
                 continue
             date = info.path.rsplit("/", 2)[-2]
             try:
-                start = datetime.strptime(f"{date[5:]} {info.base_name[5:]}", "%Y-%m-%d %H").replace(tzinfo=timezone.utc)
+                start = datetime.strptime(f"{date[5:]} {info.base_name[5:]}", "%Y-%m-%d %H").replace(
+                    tzinfo=timezone.utc
+                )
             except ValueError:
                 continue
             if start + timedelta(hours=1) <= cutoff:

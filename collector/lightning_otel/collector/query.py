@@ -46,13 +46,19 @@ _DEDUP_KEY = "trace_id, span_id, rollout_id, task_id, span_kind, service_name, s
 
 
 _TRAIN_COLUMNS = (
-    ("step", schema.TRAIN_STEP, "BIGINT"), ("version", schema.TRAIN_VERSION, "VARCHAR"),
-    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"), ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
-    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"), ("loss", schema.TRAIN_LOSS, "DOUBLE"),
-    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"), ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
-    ("kl", schema.TRAIN_KL, "DOUBLE"), ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
-    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"), ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
-)  # fmt: skip
+    ("step", schema.TRAIN_STEP, "BIGINT"),
+    ("version", schema.TRAIN_VERSION, "VARCHAR"),
+    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"),
+    ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
+    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"),
+    ("loss", schema.TRAIN_LOSS, "DOUBLE"),
+    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"),
+    ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
+    ("kl", schema.TRAIN_KL, "DOUBLE"),
+    ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
+    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"),
+    ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
+)
 
 
 def view_statements(source: str) -> list[str]:
@@ -185,8 +191,9 @@ def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
 def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
     """Like connect(), but SQL can read only the trace store and change nothing outside the session."""
     store = Store(data_dir)
-    conn = duckdb.connect(config={"memory_limit": memory_limit, "autoinstall_known_extensions": False,
-                                  "autoload_known_extensions": False})  # fmt: skip
+    conn = duckdb.connect(
+        config={"memory_limit": memory_limit, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
     _create_views(conn, store)
     if store.is_local:
         conn.execute("SET allowed_directories = [?]", [store.spans_root + os.sep])

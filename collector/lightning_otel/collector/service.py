@@ -32,9 +32,15 @@ class Collector:
         self.wal = WriteAheadLog(config.wal_dir or Path(self.store.root) / "wal")
         self.ingestor = Ingestor(self.wal, max_inflight=config.max_inflight, max_backlog_bytes=config.max_backlog_bytes)
         self.pipeline = Pipeline(
-            self.store, self.wal, config.flush_interval_s, config.workers, config.compact_min_files,
-            config.compact_interval_s, config.compact_grace_s, config.retention_hours,
-        )  # fmt: skip
+            self.store,
+            self.wal,
+            config.flush_interval_s,
+            config.workers,
+            config.compact_min_files,
+            config.compact_interval_s,
+            config.compact_grace_s,
+            config.retention_hours,
+        )
         self.http: OTLPHTTPServer | None = None
         self.grpc = None
         self.grpc_port = 0
@@ -53,9 +59,18 @@ class Collector:
         config = self.config
         self.pipeline.start()
         if config.http_port:
-            self.http = OTLPHTTPServer(config.host, config.http_port, self.ingestor, self.store.uri,
-                                       config.token, config.query_token, config.max_body_bytes)  # fmt: skip
-            self._http_thread = threading.Thread(target=self.http.serve_forever, name="lightning-otel-http", daemon=True)
+            self.http = OTLPHTTPServer(
+                config.host,
+                config.http_port,
+                self.ingestor,
+                self.store.uri,
+                config.token,
+                config.query_token,
+                config.max_body_bytes,
+            )
+            self._http_thread = threading.Thread(
+                target=self.http.serve_forever, name="lightning-otel-http", daemon=True
+            )
             self._http_thread.start()
         if config.grpc_port:
             self.grpc, self.grpc_port = start_grpc_server(config.host, config.grpc_port, self.ingestor, config.token)

@@ -74,8 +74,21 @@ SPANS_SCHEMA = pa.schema(
     ]
 )
 
-FIXED_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "duration_ms",
-                 "status_code", "status_message", "service_name", "scope_name", "events")  # fmt: skip
+FIXED_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_time",
+    "end_time",
+    "duration_ms",
+    "status_code",
+    "status_message",
+    "service_name",
+    "scope_name",
+    "events",
+)
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 # attribute -> (is_list, index, accepted type for scalars / is_packed for lists)
@@ -101,7 +114,11 @@ def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
 
 def plain_value(value, which: str) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
     """A value as promotion sees it: bytes stay bytes (packed arrays), the rest as any_value."""
-    return value.bytes_value if which == "bytes_value" else (value.string_value if which == "string_value" else any_value(value))
+    return (
+        value.bytes_value
+        if which == "bytes_value"
+        else (value.string_value if which == "string_value" else any_value(value))
+    )
 
 
 def as_text(value: Any) -> str:
@@ -195,10 +212,20 @@ class _Builder:
         # Hot loop (BENCHMARKS.md): locals instead of attribute and dict lookups, one slot lookup
         # per attribute, and a fast path for the common case, an unpromoted string attribute.
         fixed = self.fixed
-        trace_ids, span_ids, parents, names = fixed["trace_id"], fixed["span_id"], fixed["parent_span_id"], fixed["name"]
+        trace_ids, span_ids, parents, names = (
+            fixed["trace_id"],
+            fixed["span_id"],
+            fixed["parent_span_id"],
+            fixed["name"],
+        )
         kinds, starts, ends, durations = fixed["kind"], fixed["start_time"], fixed["end_time"], fixed["duration_ms"]
-        codes, messages, services, scopes, events = (fixed["status_code"], fixed["status_message"],
-                                                     fixed["service_name"], fixed["scope_name"], fixed["events"])  # fmt: skip
+        codes, messages, services, scopes, events = (
+            fixed["status_code"],
+            fixed["status_message"],
+            fixed["service_name"],
+            fixed["scope_name"],
+            fixed["events"],
+        )
         scalars, lists = self.scalars, self.lists
         keys, values, offsets = self.attr_keys, self.attr_values, self.attr_offsets
         keys_append, values_append, slot_of = keys.append, values.append, SLOTS.get
@@ -223,7 +250,9 @@ class _Builder:
                                 values_append(value.string_value)
                             elif which is not None:
                                 keys_append(key)
-                                values_append(value.bytes_value.hex() if which == "bytes_value" else as_text(any_value(value)))
+                                values_append(
+                                    value.bytes_value.hex() if which == "bytes_value" else as_text(any_value(value))
+                                )
                     offsets.append(len(keys))
                     for column, cell in zip(scalars, row_scalars):
                         column.append(cell)
@@ -250,11 +279,18 @@ class _Builder:
 
     def batch(self) -> pa.RecordBatch:
         lists = [_list_array(chunks, dtype) for (_, dtype, _, _, _), chunks in zip(LISTS, self.lists)]
-        return assemble(list(self.fixed.values()), self.scalars, lists, (self.attr_offsets, self.attr_keys, self.attr_values),
-                        (self.res_offsets, self.res_keys, self.res_values))  # fmt: skip
+        return assemble(
+            list(self.fixed.values()),
+            self.scalars,
+            lists,
+            (self.attr_offsets, self.attr_keys, self.attr_values),
+            (self.res_offsets, self.res_keys, self.res_values),
+        )
 
 
-def assemble(fixed: list[list], scalars: list[list], lists: list[pa.Array], attributes: tuple, resource: tuple) -> pa.RecordBatch:
+def assemble(
+    fixed: list[list], scalars: list[list], lists: list[pa.Array], attributes: tuple, resource: tuple
+) -> pa.RecordBatch:
     """A record batch from per-column Python lists (FIXED_COLUMNS, then SCALARS' columns), built
     list columns, and the two attribute maps as (offsets, keys, values)."""
     columns: dict[str, pa.Array] = {}
@@ -265,15 +301,23 @@ def assemble(fixed: list[list], scalars: list[list], lists: list[pa.Array], attr
     for (column, _, _, _, _), array in zip(LISTS, lists):
         columns[column] = array
     for column, (offsets, keys, values) in (("attributes", attributes), ("resource_attributes", resource)):
-        columns[column] = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string()))
+        columns[column] = pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
+        )
     return pa.RecordBatch.from_arrays([columns[f.name] for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
 
 
 def events_json(events) -> str:  # noqa: ANN001 - repeated Span.Event
-    return json.dumps([
-        {"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": {kv.key: any_value(kv.value) for kv in e.attributes}}
-        for e in events
-    ])  # fmt: skip
+    return json.dumps(
+        [
+            {
+                "name": e.name,
+                "time_unix_nano": e.time_unix_nano,
+                "attributes": {kv.key: any_value(kv.value) for kv in e.attributes},
+            }
+            for e in events
+        ]
+    )
 
 
 def _list_array(chunks: list[bytes | None], dtype: pa.DataType) -> pa.Array:

@@ -23,8 +23,15 @@ from typing import Any
 _MISSING = dataclasses.MISSING
 
 
-def setting(default: Any = _MISSING, help: str = "", *, flag: str | None = None, env: str | None = None,
-            repeat: bool = False, default_factory: Any = _MISSING) -> Any:
+def setting(
+    default: Any = _MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    env: str | None = None,
+    repeat: bool = False,
+    default_factory: Any = _MISSING,
+) -> Any:
     """A dataclass field with its flag's help (and, when the flag or variable is not the usual one, its names)."""
     metadata = {"help": help, "flag": flag, "env": env, "repeat": repeat}
     if default_factory is not _MISSING:
@@ -70,8 +77,14 @@ def _default(field: dataclasses.Field) -> Any:
     return _MISSING
 
 
-def add_flags(parser: argparse.ArgumentParser, settings_type: type, *, env_prefix: str | None = "LIGHTNING_OTEL_",
-              section: str | None = None, keep_defaults: bool = True) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    settings_type: type,
+    *,
+    env_prefix: str | None = "LIGHTNING_OTEL_",
+    section: str | None = None,
+    keep_defaults: bool = True,
+) -> None:
     """One flag per field of `settings_type`; with `section`, flags are --<section>-<field> and land
     in args as "<section>.<field>"."""
     for field in dataclasses.fields(settings_type):

@@ -77,7 +77,9 @@ class VLLMAdmin:
         self._call("POST", "/resume")
 
     def reload_weights(self, weights_dir: str | Path) -> None:
-        self._call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
+        self._call(
+            "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
+        )
 
     def reset_prefix_cache(self) -> None:
         self._call("POST", "/reset_prefix_cache")
@@ -91,7 +93,9 @@ class VLLMAdmin:
     def load_lora(self, name: str, path: str | Path) -> None:
         """Load an adapter under `name`; loading a name that is already there is a no-op (a rollback)."""
         try:
-            self._call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": False})
+            self._call(
+                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": False}
+            )
         except SwapError as exc:
             if "already" not in str(exc):
                 raise

@@ -48,7 +48,9 @@ def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple]) ->
         sizes = {n for _label, n, _mean in rewarded}
         if len(rewarded) <= 8:
             for i, (_label, n, mean) in enumerate(rewarded):
-                by_version.annotate(f"n={n}", (i, mean), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+                by_version.annotate(
+                    f"n={n}", (i, mean), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+                )
         elif len(sizes) == 1:  # too many points to label each; say it once when it is the same
             by_version.set_title(f"Mean rollout reward per policy version ({sizes.pop()} rollouts each)")
         every = max(1, len(rewarded) // 15)  # at most ~15 tick labels

@@ -36,12 +36,18 @@ from lightning_otel.core.auth import bearer_ok
 log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().with_name("web")
-CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 # The browser may load nothing but this server's own files and talk to nothing else (no CDN, no
 # fonts); inline style attributes stay allowed because the charts position elements with them.
-CSP = ("default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self'; "
-       "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")  # fmt: skip
+CSP = (
+    "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self'; "
+    "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 MAX_BODY_BYTES = 8 << 20
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 DEFAULT_PORT = 8050
@@ -87,7 +93,9 @@ class Detokenizer:
 
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte <-> printable character table, reversed (what byte-level BPE pieces are made of)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -153,8 +161,14 @@ class _Handler(BaseHTTPRequestHandler):
         if route == "/health":
             self._reply(200, b"ok", "text/plain")
         elif route == "/v1/config":
-            self._json(200, {"schema": schema_names(), "tokenizer": self.server.detokenizer is not None,
-                             "token_required": bool(self.server.query_token)})  # fmt: skip
+            self._json(
+                200,
+                {
+                    "schema": schema_names(),
+                    "tokenizer": self.server.detokenizer is not None,
+                    "token_required": bool(self.server.query_token),
+                },
+            )
         else:
             self._static(route)
 
@@ -224,8 +238,14 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str, port: int, data_dir: str, query_token: str | None = None,
-                 detokenizer: Detokenizer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        data_dir: str,
+        query_token: str | None = None,
+        detokenizer: Detokenizer | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.query_token = query_token
         self.detokenizer = detokenizer
@@ -269,8 +289,14 @@ def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private
     p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--tokenizer", default=env("LIGHTNING_OTEL_TOKENIZER"),
-                   help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]")
-    p.add_argument("--query-token", default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
-                   help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]")
+    p.add_argument(
+        "--tokenizer",
+        default=env("LIGHTNING_OTEL_TOKENIZER"),
+        help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]",
+    )
+    p.add_argument(
+        "--query-token",
+        default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
+        help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]",
+    )
     p.set_defaults(func=_cmd_dashboard)

@@ -56,8 +56,15 @@ async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
         finally:
             opened_ns = time.time_ns()
             upstream.gate.set()
-        replicas.append({"url": upstream.url, "drain_s": waited, "swap_s": report.seconds,
-                         "closed_ns": closed_ns, "opened_ns": opened_ns})  # fmt: skip
+        replicas.append(
+            {
+                "url": upstream.url,
+                "drain_s": waited,
+                "swap_s": report.seconds,
+                "closed_ns": closed_ns,
+                "opened_ns": opened_ns,
+            }
+        )
     return {"mode": "full", "version": version, "replicas": replicas}
 
 
@@ -76,7 +83,9 @@ async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
     if previous is not None:
         waited = await _drained(gateway.idle, lambda: gateway.adapter_inflight[previous[0]] > 0)
         for upstream in gateway.upstreams:
-            await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).unload_lora, previous[0])
+            await asyncio.to_thread(
+                VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).unload_lora, previous[0]
+            )
     return {"mode": "lora", "version": version, "adapter": name, "load_s": loaded, "drain_s": waited}
 
 
@@ -102,10 +111,14 @@ def routes(gateway) -> list[web.RouteDef]:  # noqa: ANN001 - a Gateway
     async def state(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
             return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
-        return web.json_response({
-            "replicas": [{"url": u.url, "version": u.version, "inflight": u.inflight, "healthy": u.healthy}
-                         for u in gateway.upstreams],
-            "served": {model: target for model, (target, _) in gateway.served.items()},
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "replicas": [
+                    {"url": u.url, "version": u.version, "inflight": u.inflight, "healthy": u.healthy}
+                    for u in gateway.upstreams
+                ],
+                "served": {model: target for model, (target, _) in gateway.served.items()},
+            }
+        )
 
     return [web.post("/admin/swap", swap), web.get("/admin/state", state)]

@@ -154,7 +154,9 @@ class Gateway:
 
     async def _start(self, _app: web.Application) -> None:
         self.idle = asyncio.Condition()
-        self.session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s))
+        self.session = ClientSession(
+            connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s)
+        )
         self._tasks.append(asyncio.create_task(self._poll_versions()))
 
     async def _stop(self, _app: web.Application) -> None:
@@ -174,8 +176,11 @@ class Gateway:
                 if upstream.version_owned:
                     continue
                 try:
-                    async with self.session.get(upstream.url + WEIGHT_INFO_PATH, headers=self._upstream_headers(),
-                                                timeout=ClientTimeout(total=2)) as reply:  # fmt: skip
+                    async with self.session.get(
+                        upstream.url + WEIGHT_INFO_PATH,
+                        headers=self._upstream_headers(),
+                        timeout=ClientTimeout(total=2),
+                    ) as reply:
                         if reply.status == 200:
                             upstream.version = weight_version_of(await reply.json())
                     upstream.healthy = True
@@ -187,8 +192,11 @@ class Gateway:
     def _replicas(self, rollout_id: str | None) -> list[_Upstream]:
         """Replicas in the order to try: rendezvous hashing on the rollout id (sticky), else round robin."""
         if rollout_id:
+
             def weight(upstream: _Upstream) -> int:
-                return int.from_bytes(hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big")
+                return int.from_bytes(
+                    hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big"
+                )
 
             ordered = sorted(self.upstreams, key=weight, reverse=True)
         else:
@@ -262,7 +270,9 @@ class Gateway:
         finally:
             del self._inflight[key]
 
-    async def _forward(self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False
+    ) -> web.StreamResponse:
         """Send to a replica, retrying connection errors and 5xx on the next one, then answer."""
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), **self._upstream_headers()}
         replicas = self._replicas(call.rollout.get(schema.ROLLOUT_ID))
@@ -293,12 +303,14 @@ class Gateway:
         self._record(call, None, error=f"upstream unavailable: {error}")
         return _json(502, f"upstream unavailable: {error}", "upstream_unavailable")
 
-    async def _attempt(self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call,
-                       buffer: bool) -> web.StreamResponse | str:  # fmt: skip
+    async def _attempt(
+        self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call, buffer: bool
+    ) -> web.StreamResponse | str:
         """One try on call.upstream: the response, or the error string of a retryable failure."""
         try:
-            reply = await self.session.request(request.method, call.upstream.url + path, data=raw, headers=headers,
-                                               params=request.query)  # fmt: skip
+            reply = await self.session.request(
+                request.method, call.upstream.url + path, data=raw, headers=headers, params=request.query
+            )
         except asyncio.TimeoutError:
             self._record(call, None, error="upstream timed out")
             return _json(504, "upstream timed out", "upstream_timeout")
@@ -318,17 +330,22 @@ class Gateway:
             reply.release()
         ok = reply.status == 200
         # The span is built after the response is on its way: recording adds no latency.
-        asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
-                                             None if ok else f"upstream answered {reply.status}")  # fmt: skip
-        return web.Response(status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call))
+        asyncio.get_running_loop().call_soon(
+            self._record, call, payload if ok else None, None if ok else f"upstream answered {reply.status}"
+        )
+        return web.Response(
+            status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call)
+        )
 
     @staticmethod
     def _headers(call: _Call) -> dict[str, str]:
         return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
 
     async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:  # noqa: ANN001
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                           **self._headers(call)})  # fmt: skip
+        response = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call)},
+        )
         await response.prepare(request)
         events = _SSEParser(StreamAccumulator(call.kind))
         error = None
@@ -345,7 +362,9 @@ class Gateway:
         return response
 
     # -- spans -------------------------------------------------------------------------------------
-    def _record(self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None) -> None:
+    def _record(
+        self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None
+    ) -> None:
         if call.kind is None:
             return
         attributes: dict[str, Any] = {
@@ -374,9 +393,11 @@ class Gateway:
                 response = json.loads(payload)
                 attributes.update(token_attributes(call.kind, response))
                 usage = response.get("usage") or {}
-                for name, key in ((schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
-                                  (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
-                                  (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens")):  # fmt: skip
+                for name, key in (
+                    (schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
+                    (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
+                    (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens"),
+                ):
                     if isinstance(usage.get(key), int):
                         attributes[name] = usage[key]
                 if response.get("model"):
@@ -404,8 +425,12 @@ class Gateway:
             return _json(400, 'body must be {"value": <number>, "name": <optional string>}', "invalid_request_error")
         if not math.isfinite(value):
             return _json(400, f"reward must be finite, got {value}", "invalid_request_error")
-        attributes = {schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR, schema.REWARD_NAME: name,
-                      schema.REWARD_VALUE: value, **identity}  # fmt: skip
+        attributes = {
+            schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR,
+            schema.REWARD_NAME: name,
+            schema.REWARD_VALUE: value,
+            **identity,
+        }
         self.tracer.start_span(schema.SPAN_REWARD, context=extract(dict(request.headers)), attributes=attributes).end()
         return web.json_response({"recorded": True})
 

@@ -76,7 +76,9 @@ class _CountingExporter(OTLPSpanExporter):
             log.exception("lightning_otel: could not encode a span batch; using the SDK's encoder")
             return None
         if 0 < limit < len(body):
-            log.warning("Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.", len(body), limit)
+            log.warning(
+                "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.", len(body), limit
+            )
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS if client.export(body).success else SpanExportResult.FAILURE
 
@@ -180,9 +182,15 @@ def instrument(
         if isinstance(current, TracerProvider):
             provider = current  # someone configured the SDK already: add to it, don't replace it
             limits = getattr(current, "_span_limits", None)
-            if max_attribute_length is not None and getattr(limits, "max_attribute_length", None) != max_attribute_length:
-                log.warning("lightning_otel: max_attribute_length=%s not applied: this process's TracerProvider was made "
-                            "before instrument(), and its span limits apply", max_attribute_length)  # fmt: skip
+            if (
+                max_attribute_length is not None
+                and getattr(limits, "max_attribute_length", None) != max_attribute_length
+            ):
+                log.warning(
+                    "lightning_otel: max_attribute_length=%s not applied: this process's TracerProvider was made "
+                    "before instrument(), and its span limits apply",
+                    max_attribute_length,
+                )
         else:
             provider = None
             limits = SpanLimits(max_attribute_length=max_attribute_length)  # None: OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT
@@ -190,8 +198,13 @@ def instrument(
         _refuse_short_cap(cap)
         if cap is not None and token_encoding_in_use() == "base64":
             raise ValueError("an attribute length cap would cut base64-packed token ids; use token_encoding='bytes'")
-        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs,
-                         openai_spans=openai_spans, max_attribute_length=cap)
+        chosen = Options(
+            capture_tokens=capture_tokens,
+            hide_inputs=hide_inputs,
+            hide_outputs=hide_outputs,
+            openai_spans=openai_spans,
+            max_attribute_length=cap,
+        )
         STATE.options = chosen
         if provider is None:
             name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
@@ -213,9 +226,11 @@ def _refuse_short_cap(cap: int | None) -> None:
     """The attribute cap applies to every string attribute, rollout and task ids included: a short one
     would cut them and detach spans from their rollouts."""
     if cap is not None and cap < MIN_ATTRIBUTE_LENGTH:
-        raise ValueError(f"an attribute length cap would cut string attributes to {cap} characters, rollout and task ids "
-                         f"included: it must be at least {MIN_ATTRIBUTE_LENGTH} (max_attribute_length, or "
-                         "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)")  # fmt: skip
+        raise ValueError(
+            f"an attribute length cap would cut string attributes to {cap} characters, rollout and task ids "
+            f"included: it must be at least {MIN_ATTRIBUTE_LENGTH} (max_attribute_length, or "
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)"
+        )
 
 
 def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:  # noqa: ANN001 - an integration module

@@ -29,7 +29,9 @@ class Options:
         """An id that goes on spans as an attribute, refused if the attribute cap would cut it."""
         cap = self.max_attribute_length
         if cap is not None and len(value) > cap:
-            raise ValueError(f"{what} is {len(value)} characters, over max_attribute_length={cap}: it would be cut on the spans")
+            raise ValueError(
+                f"{what} is {len(value)} characters, over max_attribute_length={cap}: it would be cut on the spans"
+            )
         return value
 
     def trace_config(self):  # noqa: ANN201 - openinference TraceConfig

@@ -67,8 +67,6 @@ class LightningSpanProcessor(SpanProcessor):
             span.set_attributes(current._attributes)  # set_attributes copies
 
 
-
-
 @contextmanager
 def rollout(
     task_id: str,
@@ -82,8 +80,11 @@ def rollout(
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
     chosen = STATE.options
-    current = Rollout(rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
-                      task_id=chosen.check_id("task_id", str(task_id)), attempt=int(attempt))  # fmt: skip
+    current = Rollout(
+        rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
+        task_id=chosen.check_id("task_id", str(task_id)),
+        attempt=int(attempt),
+    )
     span_attributes = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT,
         schema.ROLLOUT_ROOT: True,

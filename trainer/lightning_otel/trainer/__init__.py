@@ -9,14 +9,30 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "SwapError": "hotswap", "VLLMAdmin": "hotswap", "hot_swap": "hotswap", "probe_max_diff": "hotswap",
-    "validate_checkpoint": "hotswap", "LLMCall": "merge", "Sample": "merge", "merge_calls": "merge",
-    "group_advantages": "objective", "ppo_clip_token_loss": "objective", "rollout_token_weights": "objective",
-    "token_weights": "objective", "PolicyTrainer": "policy", "StepResult": "policy", "RolloutRecord": "rollout_data",
-    "Selection": "rollout_data", "SelectionConfig": "rollout_data", "select_rollouts": "rollout_data",
-    "Batch": "update", "build_batch": "update", "policy_update": "update", "UpdateConfig": "config",
+    "SwapError": "hotswap",
+    "VLLMAdmin": "hotswap",
+    "hot_swap": "hotswap",
+    "probe_max_diff": "hotswap",
+    "validate_checkpoint": "hotswap",
+    "LLMCall": "merge",
+    "Sample": "merge",
+    "merge_calls": "merge",
+    "group_advantages": "objective",
+    "ppo_clip_token_loss": "objective",
+    "rollout_token_weights": "objective",
+    "token_weights": "objective",
+    "PolicyTrainer": "policy",
+    "StepResult": "policy",
+    "RolloutRecord": "rollout_data",
+    "Selection": "rollout_data",
+    "SelectionConfig": "rollout_data",
+    "select_rollouts": "rollout_data",
+    "Batch": "update",
+    "build_batch": "update",
+    "policy_update": "update",
+    "UpdateConfig": "config",
     "TrainConfig": "config",
-}  # fmt: skip
+}
 __all__ = sorted(_EXPORTS)
 
 

@@ -35,10 +35,22 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0  # torchrun: rank 0 reports
     if args.json:
-        print(json.dumps({"status": summary.status, "step": summary.step, "version": summary.version, "rollouts": summary.rollouts,
-                          "samples": summary.samples, "mean_reward": summary.mean_reward, "loss": summary.loss,
-                          "swap_seconds": summary.swap_seconds, "excluded": len(summary.excluded),
-                          "stage_seconds": summary.stage_seconds}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "status": summary.status,
+                    "step": summary.step,
+                    "version": summary.version,
+                    "rollouts": summary.rollouts,
+                    "samples": summary.samples,
+                    "mean_reward": summary.mean_reward,
+                    "loss": summary.loss,
+                    "swap_seconds": summary.swap_seconds,
+                    "excluded": len(summary.excluded),
+                    "stage_seconds": summary.stage_seconds,
+                }
+            )
+        )
     else:
         print(summary.table())
     return 0

@@ -45,7 +45,9 @@ class ServerSection:
     gateway: str | None = None  # swap through the gateway: no failed request, exact versions
     admin_token: str | None = None  # the gateway's --admin-token
     probe_tolerance: float = 1e-4  # max |server - trainer| logprob on the probe
-    weight_push: str = "files"  # "nccl": GPU-to-GPU push, full weights, direct to replicas (nccl_push.py; untested here)
+    weight_push: str = (
+        "files"  # "nccl": GPU-to-GPU push, full weights, direct to replicas (nccl_push.py; untested here)
+    )
 
 
 @dataclass
@@ -74,8 +76,14 @@ class TrainConfig:
     checkpoints: CheckpointSection = field(default_factory=CheckpointSection)
 
 
-_SECTIONS = {"store": StoreSection, "model": ModelSection, "server": ServerSection, "selection": SelectionSection,
-             "update": UpdateConfig, "checkpoints": CheckpointSection}  # fmt: skip
+_SECTIONS = {
+    "store": StoreSection,
+    "model": ModelSection,
+    "server": ServerSection,
+    "selection": SelectionSection,
+    "update": UpdateConfig,
+    "checkpoints": CheckpointSection,
+}
 
 
 def add_flags(parser) -> None:  # noqa: ANN001 - argparse parser
@@ -83,7 +91,9 @@ def add_flags(parser) -> None:  # noqa: ANN001 - argparse parser
     given overrides the file, a flag not given leaves it alone."""
     from lightning_otel.core.flags import add_flags as add_settings_flags
 
-    parser.add_argument("--config", help="a TOML file with [store], [model], [server], [selection], [update], [checkpoints]")
+    parser.add_argument(
+        "--config", help="a TOML file with [store], [model], [server], [selection], [update], [checkpoints]"
+    )
     for section, cls in _SECTIONS.items():
         add_settings_flags(parser, cls, env_prefix=None, section=section, keep_defaults=False)
 

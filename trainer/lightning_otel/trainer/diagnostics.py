@@ -33,15 +33,28 @@ def diagnose(batch, tokenizer=None) -> list[BoundaryRecord]:  # noqa: ANN001 - u
     for boundary in batch.boundaries:
         rollout = batch.rollouts[boundary.rollout_index]
         b = boundary.boundary
-        common = dict(rollout_id=rollout.rollout_id, task_id=rollout.task_id, chain=boundary.chain,
-                      prev_span_id=b.prev_span_id, next_span_id=b.next_span_id, merged=b.merged)  # fmt: skip
+        common = dict(
+            rollout_id=rollout.rollout_id,
+            task_id=rollout.task_id,
+            chain=boundary.chain,
+            prev_span_id=b.prev_span_id,
+            next_span_id=b.next_span_id,
+            merged=b.merged,
+        )
         if b.merged:
             records.append(BoundaryRecord(**common))
             continue
         calls = {call.span_id: call for call in rollout.calls}
         diagnosis = classify(calls[b.prev_span_id], calls[b.next_span_id].prompt_ids, b.position, tokenizer)
-        records.append(BoundaryRecord(**common, position=diagnosis.position, cause=diagnosis.cause,
-                                      region=diagnosis.region, detail=diagnosis.detail))  # fmt: skip
+        records.append(
+            BoundaryRecord(
+                **common,
+                position=diagnosis.position,
+                cause=diagnosis.cause,
+                region=diagnosis.region,
+                detail=diagnosis.detail,
+            )
+        )
     return records
 
 
@@ -54,13 +67,20 @@ def publish(records: list[BoundaryRecord], tracer: trace.Tracer | None = None) -
     tracer = tracer or trace.get_tracer("lightning_otel.trainer")
     for record in records:
         attributes = {
-            schema.MERGE_ROLLOUT: record.rollout_id, schema.MERGE_CHAIN: record.chain,
-            schema.MERGE_PREV_SPAN: record.prev_span_id, schema.MERGE_NEXT_SPAN: record.next_span_id,
+            schema.MERGE_ROLLOUT: record.rollout_id,
+            schema.MERGE_CHAIN: record.chain,
+            schema.MERGE_PREV_SPAN: record.prev_span_id,
+            schema.MERGE_NEXT_SPAN: record.next_span_id,
             schema.MERGE_MERGED: record.merged,
-        }  # fmt: skip
-        for key, value in ((schema.MERGE_POSITION, record.position), (schema.MERGE_CAUSE, record.cause),
-                           (schema.MERGE_REGION, record.region), (schema.MERGE_DETAIL, record.detail)):  # fmt: skip
+        }
+        for key, value in (
+            (schema.MERGE_POSITION, record.position),
+            (schema.MERGE_CAUSE, record.cause),
+            (schema.MERGE_REGION, record.region),
+            (schema.MERGE_DETAIL, record.detail),
+        ):
             if value is not None:
                 attributes[key] = value
-        tracer.start_span(schema.SPAN_MERGE_BOUNDARY, context=trace.set_span_in_context(trace.INVALID_SPAN),
-                          attributes=attributes).end()  # fmt: skip
+        tracer.start_span(
+            schema.SPAN_MERGE_BOUNDARY, context=trace.set_span_in_context(trace.INVALID_SPAN), attributes=attributes
+        ).end()

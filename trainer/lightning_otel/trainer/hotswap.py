@@ -10,7 +10,15 @@ import torch
 
 from lightning_otel.core.vllm_admin import SwapError, SwapReport, VLLMAdmin, hot_swap, validate_checkpoint
 
-__all__ = ["SwapError", "SwapReport", "VLLMAdmin", "hot_swap", "model_prompt_logprobs", "probe_max_diff", "validate_checkpoint"]
+__all__ = [
+    "SwapError",
+    "SwapReport",
+    "VLLMAdmin",
+    "hot_swap",
+    "model_prompt_logprobs",
+    "probe_max_diff",
+    "validate_checkpoint",
+]
 
 
 @torch.no_grad()

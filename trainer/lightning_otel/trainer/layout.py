@@ -59,7 +59,9 @@ def _common_prefix(samples, indices: list[int]) -> int:  # noqa: ANN001
 def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) -> list[Row]:  # noqa: ANN001
     lengths = [len(s.token_ids) for s in samples]
     if layout == "sorted":
-        return [Row([Segment(i, 0, lengths[i])], lengths[i]) for i in sorted(range(len(samples)), key=lambda i: -lengths[i])]
+        return [
+            Row([Segment(i, 0, lengths[i])], lengths[i]) for i in sorted(range(len(samples)), key=lambda i: -lengths[i])
+        ]
     if layout == "packed":
         capacity = max(pack_length or 0, max(lengths, default=0))
         rows: list[Row] = []
@@ -94,17 +96,22 @@ def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) 
     return sorted(rows, key=lambda r: -r.length)
 
 
-def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], device: torch.device) -> dict[str, torch.Tensor]:  # noqa: ANN001
+def row_tensors(
+    samples, sample_weights, sample_advantages, rows: list[Row], device: torch.device
+) -> dict[str, torch.Tensor]:  # noqa: ANN001
     """Input ids, position ids, the token each position is scored from (`source`, -1 for none),
     behaviour logprobs, weights, advantages, generated flags, and a 4D mask when any row needs one."""
     width = max(row.length for row in rows)
     shape = (len(rows), width)
     t = {
-        "input_ids": torch.zeros(shape, dtype=torch.long), "position_ids": torch.zeros(shape, dtype=torch.long),
-        "source": torch.full(shape, -1, dtype=torch.long), "behaviour": torch.zeros(shape, dtype=torch.float32),
-        "weights": torch.zeros(shape, dtype=torch.float32), "advantages": torch.zeros(shape, dtype=torch.float32),
+        "input_ids": torch.zeros(shape, dtype=torch.long),
+        "position_ids": torch.zeros(shape, dtype=torch.long),
+        "source": torch.full(shape, -1, dtype=torch.long),
+        "behaviour": torch.zeros(shape, dtype=torch.float32),
+        "weights": torch.zeros(shape, dtype=torch.float32),
+        "advantages": torch.zeros(shape, dtype=torch.float32),
         "generated": torch.zeros(shape, dtype=torch.bool),
-    }  # fmt: skip
+    }
     masked = any(row.masked for row in rows)
     mask = torch.zeros((len(rows), 1, width, width), dtype=torch.bool) if masked else None
     for r, row in enumerate(rows):
@@ -114,15 +121,21 @@ def row_tensors(samples, sample_weights, sample_advantages, rows: list[Row], dev
             n = segment.length
             end = segment.start + n
             cols = slice(at, at + n)
-            t["input_ids"][r, cols] = torch.from_numpy(np.asarray(sample.token_ids[segment.start : end], dtype=np.int64))
+            t["input_ids"][r, cols] = torch.from_numpy(
+                np.asarray(sample.token_ids[segment.start : end], dtype=np.int64)
+            )
             t["position_ids"][r, cols] = torch.arange(segment.start, end)
             t["source"][r, at + 1 : at + n] = torch.arange(at, at + n - 1)
             if segment.parent is not None:
                 parent_at, parent_n = placed[segment.parent]
                 t["source"][r, at] = parent_at + parent_n - 1  # scored from the prefix's last position
             if not segment.is_prefix:  # a prefix carries no loss: its tokens are never generated
-                t["behaviour"][r, cols] = torch.from_numpy(np.asarray(sample.behaviour_logprobs[segment.start : end], dtype=np.float32))
-                t["weights"][r, cols] = torch.from_numpy(np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32))
+                t["behaviour"][r, cols] = torch.from_numpy(
+                    np.asarray(sample.behaviour_logprobs[segment.start : end], dtype=np.float32)
+                )
+                t["weights"][r, cols] = torch.from_numpy(
+                    np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32)
+                )
                 t["advantages"][r, cols] = sample_advantages[segment.sample]
                 t["generated"][r, cols] = torch.from_numpy(np.asarray(sample.loss_mask[segment.start : end]) > 0)
             if mask is not None:

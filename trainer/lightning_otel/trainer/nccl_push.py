@@ -20,8 +20,9 @@ from lightning_otel.core.servers import free_port
 from lightning_otel.core.vllm_admin import VLLMAdmin
 
 
-def push_weights(server_url: str, model: torch.nn.Module, version: str, server_world_size: int = 1,
-                 master_address: str = "127.0.0.1") -> None:  # fmt: skip
+def push_weights(
+    server_url: str, model: torch.nn.Module, version: str, server_world_size: int = 1, master_address: str = "127.0.0.1"
+) -> None:
     """Pause `server_url`, broadcast every parameter of `model` to its workers, resume on `version`.
     A LoRA (peft) model must be merged first: vLLM loads base-model parameter names."""
     from vllm.distributed.weight_transfer.base import ModuleSource
@@ -30,8 +31,9 @@ def push_weights(server_url: str, model: torch.nn.Module, version: str, server_w
 
     admin = VLLMAdmin(server_url)
     client = HTTPVLLMWeightSyncClient(admin.url)
-    info = NCCLTrainerInitInfo(master_address=master_address, master_port=free_port(master_address),
-                               world_size=1 + server_world_size, rank=0)  # fmt: skip
+    info = NCCLTrainerInitInfo(
+        master_address=master_address, master_port=free_port(master_address), world_size=1 + server_world_size, rank=0
+    )
     engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=ModuleSource(model))
     admin.pause("wait")
     try:

@@ -123,7 +123,9 @@ def ppo_clip_token_loss(
     return loss, clipped < unclipped
 
 
-def truncated_importance_weights(old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
     """min(pi_old / pi_behaviour, cap), detached: corrects for the sampler's numerics differing from the trainer's."""
     return torch.clamp(torch.exp(old_logprobs - behaviour_logprobs), max=cap).detach()
 

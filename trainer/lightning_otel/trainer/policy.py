@@ -50,9 +50,17 @@ class PolicyTrainer:
     """The trainable model (full weights, or LoRA adapters with `lora`), its optimizer, an optional
     frozen reference for the KL term, and where its weight versions are saved."""
 
-    def __init__(self, model_dir: str | Path, workdir: str | Path, config: UpdateConfig | None = None, keep: int = 2,
-                 lora=None, dtype: torch.dtype = torch.float32, device: str | None = None,  # noqa: ANN001
-                 gradient_checkpointing: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model_dir: str | Path,
+        workdir: str | Path,
+        config: UpdateConfig | None = None,
+        keep: int = 2,
+        lora=None,
+        dtype: torch.dtype = torch.float32,
+        device: str | None = None,  # noqa: ANN001
+        gradient_checkpointing: bool = False,
+    ):
         self.config = config or UpdateConfig()
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
@@ -73,8 +81,13 @@ class PolicyTrainer:
         self.version = 0
         self.serving_dir = Path(model_dir)  # the weights the server serves now: the rollback target
 
-    def step(self, conn: duckdb.DuckDBPyConnection, where: str = "true", selection_config: SelectionConfig | None = None,
-             max_staleness: int | None = None) -> StepResult:  # fmt: skip
+    def step(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        where: str = "true",
+        selection_config: SelectionConfig | None = None,
+        max_staleness: int | None = None,
+    ) -> StepResult:
         selection = select_rollouts(conn, where, selection_config)
         if not selection.rollouts:
             raise ValueError(f"no trainable rollouts for WHERE {where!r}; excluded: {selection.excluded}")

@@ -22,8 +22,12 @@ def _input(index: int, field: str) -> str:
 def recorded_messages(attributes: dict) -> list[dict]:
     messages, index = [], 0
     while _input(index, schema.MESSAGE_ROLE) in attributes:
-        messages.append({"role": attributes[_input(index, schema.MESSAGE_ROLE)],
-                         "content": attributes.get(_input(index, schema.MESSAGE_CONTENT), "")})  # fmt: skip
+        messages.append(
+            {
+                "role": attributes[_input(index, schema.MESSAGE_ROLE)],
+                "content": attributes.get(_input(index, schema.MESSAGE_CONTENT), ""),
+            }
+        )
         index += 1
     return messages
 

@@ -28,7 +28,14 @@ import numpy as np
 
 from lightning_otel.trainer.merge import LLMCall
 
-CAUSES = ("context_rewritten", "system_prompt_changed", "retokenized", "template_changed", "completion_rewritten", "unknown")
+CAUSES = (
+    "context_rewritten",
+    "system_prompt_changed",
+    "retokenized",
+    "template_changed",
+    "completion_rewritten",
+    "unknown",
+)
 _REASONING = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
@@ -48,8 +55,12 @@ def classify(prev: LLMCall, next_prompt: np.ndarray, position: int, tokenizer=No
     """The cause of a failed boundary at `position` (see module docstring)."""
     p, c = len(prev.prompt_ids), len(prev.completion_ids)
     if position >= len(next_prompt) and position < p + c:
-        return Diagnosis("context_rewritten", position, "prompt" if position < p else "completion",
-                         f"next prompt ({len(next_prompt)} tokens) ends inside the previous sequence ({p + c})")  # fmt: skip
+        return Diagnosis(
+            "context_rewritten",
+            position,
+            "prompt" if position < p else "completion",
+            f"next prompt ({len(next_prompt)} tokens) ends inside the previous sequence ({p + c})",
+        )
     start_id = _role_start_id(tokenizer)
     if position < p:
         starts = _message_starts(prev.prompt_ids, start_id)
@@ -74,7 +85,9 @@ def _role_start_id(tokenizer) -> int | None:  # noqa: ANN001
     return None
 
 
-def _compare_completion_text(prev: LLMCall, next_prompt: np.ndarray, tokenizer, position: int, region: str) -> Diagnosis:  # noqa: ANN001
+def _compare_completion_text(
+    prev: LLMCall, next_prompt: np.ndarray, tokenizer, position: int, region: str
+) -> Diagnosis:  # noqa: ANN001
     p = len(prev.prompt_ids)
     special = set(tokenizer.all_special_ids)
     # The previous completion as the model produced it, and the stretch of the next prompt that
@@ -89,7 +102,9 @@ def _compare_completion_text(prev: LLMCall, next_prompt: np.ndarray, tokenizer, 
     if "\ufffd" in produced_text or "\ufffd" in rendered_text:
         # vLLM detokenizes incrementally; bytes that are not valid UTF-8 come back as U+FFFD, and
         # the next prompt re-encodes that character, not the bytes: a lossy retokenization.
-        return Diagnosis("retokenized", position, region, "bytes that are not valid UTF-8 were replaced when detokenized")
+        return Diagnosis(
+            "retokenized", position, region, "bytes that are not valid UTF-8 were replaced when detokenized"
+        )
     if produced_text == rendered_text:
         if produced != rendered:
             return Diagnosis("retokenized", position, region, f"same text, {len(produced)} ids became {len(rendered)}")

@@ -115,7 +115,7 @@ def selection_sql(config: SelectionConfig) -> str:
     return f"""
         WITH selected AS (
             SELECT r.rollout_id, r.task_id, {_reward_expression(config.reward)} AS reward
-            FROM rollouts r WHERE {' AND '.join(conditions)} {limit})
+            FROM rollouts r WHERE {" AND ".join(conditions)} {limit})
         SELECT s.rollout_id, sel.task_id, sel.reward, s.trace_id, s.span_id, s.parent_span_id, s.span_kind,
                epoch_us(s.start_time) AS start_us, epoch_us(s.end_time) AS end_us,
                s.prompt_token_ids, s.completion_token_ids, s.completion_logprobs, s.policy_version,
@@ -138,16 +138,30 @@ def _list_views(column: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:  # n
     return views
 
 
-def select_rollouts(conn: duckdb.DuckDBPyConnection, where: str = "true", config: SelectionConfig | None = None) -> Selection:
+def select_rollouts(
+    conn: duckdb.DuckDBPyConnection, where: str = "true", config: SelectionConfig | None = None
+) -> Selection:
     """Rollouts matching the selection, rebuilt into chains of calls ready to merge."""
     config = config or SelectionConfig(where=where)
     table = conn.sql(selection_sql(config)).to_arrow_table()
     prompts = _list_views(table.column("prompt_token_ids"), np.int32)
     completions = _list_views(table.column("completion_token_ids"), np.int32)
     logprobs = _list_views(table.column("completion_logprobs"), np.float64)
-    scalars = {name: table.column(name).to_pylist() for name in (
-        "rollout_id", "task_id", "reward", "trace_id", "span_id", "parent_span_id", "span_kind",
-        "start_us", "end_us", "policy_version")}  # fmt: skip
+    scalars = {
+        name: table.column(name).to_pylist()
+        for name in (
+            "rollout_id",
+            "task_id",
+            "reward",
+            "trace_id",
+            "span_id",
+            "parent_span_id",
+            "span_kind",
+            "start_us",
+            "end_us",
+            "policy_version",
+        )
+    }
     # Wrapper spans (a framework's span around the SDK call) in a second, small query: joined into
     # the first, they would make DuckDB hash every token list.
     rollout_ids = sorted(set(scalars["rollout_id"]))
@@ -216,8 +230,11 @@ def _attach_orphans(spans: list[_SpanRow]) -> int:
         if span.parent is None or span.parent in ids:
             continue
         orphans += 1
-        containers = [s for s in spans if s is not span and s.trace_id == span.trace_id
-                      and s.start <= span.start and s.end >= span.end]  # fmt: skip
+        containers = [
+            s
+            for s in spans
+            if s is not span and s.trace_id == span.trace_id and s.start <= span.start and s.end >= span.end
+        ]
         span.parent = min(containers, key=lambda s: s.end - s.start).span_id if containers else None
     return orphans
 
@@ -234,8 +251,15 @@ def _agent_scopes(spans: list[_SpanRow]) -> dict[str, str]:
     return scopes
 
 
-def _call(span: _SpanRow, prompts, completions, logprobs, attributes, config: SelectionConfig,  # noqa: ANN001
-          record: RolloutRecord) -> LLMCall | None:  # fmt: skip
+def _call(
+    span: _SpanRow,
+    prompts,
+    completions,
+    logprobs,
+    attributes,
+    config: SelectionConfig,  # noqa: ANN001
+    record: RolloutRecord,
+) -> LLMCall | None:
     i = span.index
     prompt, completion, lps = prompts[i], completions[i], logprobs[i]
     if prompt is not None and completion is not None and lps is not None:

@@ -57,9 +57,16 @@ class RunSummary:
 
     def table(self) -> str:
         """The human-readable summary printed at the end of a run."""
-        rows = [("status", self.status), ("step / version", f"{self.step} / {self.version}"), ("rollouts used", self.rollouts),
-                ("samples", self.samples), ("mean reward", _fmt(self.mean_reward)), ("loss", _fmt(self.loss)),
-                ("swap seconds", _fmt(self.swap_seconds)), ("rollouts excluded", len(self.excluded))]  # fmt: skip
+        rows = [
+            ("status", self.status),
+            ("step / version", f"{self.step} / {self.version}"),
+            ("rollouts used", self.rollouts),
+            ("samples", self.samples),
+            ("mean reward", _fmt(self.mean_reward)),
+            ("loss", _fmt(self.loss)),
+            ("swap seconds", _fmt(self.swap_seconds)),
+            ("rollouts excluded", len(self.excluded)),
+        ]
         rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
         return "\n".join(f"{name:<20} {value}" for name, value in rows)
 
@@ -113,11 +120,21 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
     if config.model.lora_rank:
         from peft import LoraConfig
 
-        lora = LoraConfig(r=config.model.lora_rank, lora_alpha=config.model.lora_alpha, init_lora_weights=True,
-                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
+        lora = LoraConfig(
+            r=config.model.lora_rank,
+            lora_alpha=config.model.lora_alpha,
+            init_lora_weights=True,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        )
     model_dir = latest / "model" if latest is not None and not config.model.lora_rank else Path(config.model.base)
-    trainer = PolicyTrainer(model_dir, config.checkpoints.dir, config.update, lora=lora, device=device,
-                            dtype=getattr(torch, config.model.dtype))  # fmt: skip
+    trainer = PolicyTrainer(
+        model_dir,
+        config.checkpoints.dir,
+        config.update,
+        lora=lora,
+        device=device,
+        dtype=getattr(torch, config.model.dtype),
+    )
     if latest is not None:
         if config.model.lora_rank:
             from peft import set_peft_model_state_dict
@@ -139,12 +156,18 @@ def _tokenizer(model_dir: str):  # noqa: ANN202 - a transformers tokenizer
 
 def _probe_ids(config: TrainConfig) -> list[int]:
     tokenizer = _tokenizer(config.model.base)
-    text = tokenizer.apply_chat_template([{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False
+    )
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _served_name(config: TrainConfig, version: str) -> str:
-    return f"{config.model.served_model_name}@{version}" if config.model.lora_rank and version != "0" else config.model.served_model_name
+    return (
+        f"{config.model.served_model_name}@{version}"
+        if config.model.lora_rank and version != "0"
+        else config.model.served_model_name
+    )
 
 
 def _served_versions(config: TrainConfig) -> set[str | None]:
@@ -210,14 +233,20 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
     records = diagnose(result.batch, _tokenizer(config.model.base))
     metrics = result.metrics
     attributes = {
-        schema.TRAIN_STEP: trainer.version, schema.TRAIN_VERSION: str(trainer.version),
-        schema.TRAIN_ROLLOUTS: len(result.selection.rollouts), schema.TRAIN_SAMPLES: len(result.batch.samples),
-        schema.TRAIN_MEAN_REWARD: result.mean_reward, schema.TRAIN_LOSS: metrics["loss"],
-        schema.TRAIN_CLIP_FRACTION: metrics["clip_fraction"], schema.TRAIN_ENTROPY: metrics["entropy"],
-        schema.TRAIN_KL: metrics["kl"], schema.TRAIN_GRAD_NORM: metrics["grad_norm"], schema.TRAIN_SWAP_SECONDS: swap_seconds,
+        schema.TRAIN_STEP: trainer.version,
+        schema.TRAIN_VERSION: str(trainer.version),
+        schema.TRAIN_ROLLOUTS: len(result.selection.rollouts),
+        schema.TRAIN_SAMPLES: len(result.batch.samples),
+        schema.TRAIN_MEAN_REWARD: result.mean_reward,
+        schema.TRAIN_LOSS: metrics["loss"],
+        schema.TRAIN_CLIP_FRACTION: metrics["clip_fraction"],
+        schema.TRAIN_ENTROPY: metrics["entropy"],
+        schema.TRAIN_KL: metrics["kl"],
+        schema.TRAIN_GRAD_NORM: metrics["grad_norm"],
+        schema.TRAIN_SWAP_SECONDS: swap_seconds,
         schema.TRAIN_MERGE_RATE: sum(r.merged for r in records) / len(records) if records else 1.0,
         schema.TRAIN_SAMPLES_PER_ROLLOUT: result.batch.samples_per_rollout_histogram(),
-    }  # fmt: skip
+    }
     tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
     publish(records, tracer)
     provider.shutdown()
@@ -236,7 +265,9 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
     if config.server.weight_push not in ("files", "nccl"):
         raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
     if config.server.weight_push == "nccl" and (config.server.gateway or config.model.lora_rank):
-        raise ValueError("[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA")
+        raise ValueError(
+            "[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA"
+        )
     rank, device = _distributed()
     lead = rank == 0
     progress = progress and lead
@@ -263,11 +294,16 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
             with _stage(summary, "select rollouts", progress):
                 conn = connect(config.store.data_dir)
                 conn.register("lightning_trained", store.trained_ids())
-                selection = select_rollouts(conn, config=SelectionConfig(
-                    where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
-                    reward=config.selection.reward, limit=config.selection.max_rollouts, exclude="lightning_trained",
-                    only_rewarded=True,
-                ))  # fmt: skip
+                selection = select_rollouts(
+                    conn,
+                    config=SelectionConfig(
+                        where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
+                        reward=config.selection.reward,
+                        limit=config.selection.max_rollouts,
+                        exclude="lightning_trained",
+                        only_rewarded=True,
+                    ),
+                )
             fault("after_load")
         selection = _everyone(rank, selection)
         summary.excluded = selection.excluded
@@ -291,8 +327,15 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
         return summary
 
 
-def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: PolicyTrainer, result: StepResult,
-                     latest: Path | None, summary: RunSummary, progress: bool) -> None:  # fmt: skip
+def _commit_and_swap(
+    config: TrainConfig,
+    store: CheckpointStore,
+    trainer: PolicyTrainer,
+    result: StepResult,
+    latest: Path | None,
+    summary: RunSummary,
+    progress: bool,
+) -> None:
     """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
     fault("mid_step")
     with _stage(summary, "checkpoint", progress):
@@ -319,9 +362,16 @@ def _commit_and_swap(config: TrainConfig, store: CheckpointStore, trainer: Polic
         try:
             _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
         except Exception as rollback_failure:  # noqa: BLE001 - report both
-            raise JobFailed(f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}") from failure
+            raise JobFailed(
+                f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}"
+            ) from failure
         raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
     fault("after_swap")
     store.retire(config.checkpoints.keep)
     _report(config, trainer, result, swap_seconds)
-    summary.status, summary.step, summary.version, summary.swap_seconds = "trained", trainer.version, version, swap_seconds
+    summary.status, summary.step, summary.version, summary.swap_seconds = (
+        "trained",
+        trainer.version,
+        version,
+        swap_seconds,
+    )

@@ -60,7 +60,9 @@ class Batch:
 
     def samples_per_rollout_histogram(self) -> list[int]:
         """Element k: how many rollouts became k + 1 samples (rollouts left with none not counted)."""
-        counts = np.bincount(self.rollout_of_sample, minlength=len(self.rollouts)) if self.rollouts else np.zeros(0, int)
+        counts = (
+            np.bincount(self.rollout_of_sample, minlength=len(self.rollouts)) if self.rollouts else np.zeros(0, int)
+        )
         counts = counts[counts > 0]
         return np.bincount(counts - 1).tolist() if counts.size else []
 
@@ -90,7 +92,11 @@ def build_batch(
             chain_samples, chain_boundaries = merge_calls(chain)
             boundaries += [ChainBoundary(index, chain_index, b) for b in chain_boundaries]
             for sample in chain_samples:
-                age = _staleness(sample, current_version) if max_staleness is not None and current_version is not None else None
+                age = (
+                    _staleness(sample, current_version)
+                    if max_staleness is not None and current_version is not None
+                    else None
+                )
                 if age is not None and age > max_staleness:
                     stale += 1
                     continue
@@ -98,12 +104,19 @@ def build_batch(
                 rollout_of_sample.append(index)
     rollouts = list(selection.rollouts)
     if config.advantage_level == "rollout":
-        per_rollout, flat = group_advantages_with_report([r.reward for r in rollouts], [r.task_id for r in rollouts], config.scale_by_std)
+        per_rollout, flat = group_advantages_with_report(
+            [r.reward for r in rollouts], [r.task_id for r in rollouts], config.scale_by_std
+        )
         advantages = [per_rollout[r] for r in rollout_of_sample]
     else:
-        advantages, flat = group_advantages_with_report([rollouts[r].reward for r in rollout_of_sample],
-                                                        [rollouts[r].task_id for r in rollout_of_sample], config.scale_by_std)  # fmt: skip
-    weights = token_weights([s.loss_mask for s in samples], rollout_of_sample, config.normalization, config.fixed_length)
+        advantages, flat = group_advantages_with_report(
+            [rollouts[r].reward for r in rollout_of_sample],
+            [rollouts[r].task_id for r in rollout_of_sample],
+            config.scale_by_std,
+        )
+    weights = token_weights(
+        [s.loss_mask for s in samples], rollout_of_sample, config.normalization, config.fixed_length
+    )
     return Batch(samples, rollout_of_sample, rollouts, advantages, weights, boundaries, stale, flat)
 
 
@@ -130,7 +143,9 @@ def policy_update(
     mine = _my_rows(rows)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    totals = torch.zeros(7, dtype=torch.float64)  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
+    totals = torch.zeros(
+        7, dtype=torch.float64
+    )  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
     starts = range(0, len(mine), config.micro_batch_size)
     if progress:
         from tqdm import tqdm
@@ -159,11 +174,18 @@ def policy_update(
         loss = weighted_loss(token_loss, weights)
         loss.backward()
         generated = t["generated"].float()
-        totals += torch.tensor([
-            loss.item(), (weights * clipped).sum().item(), (entropy * generated).sum().item(),
-            (kl.detach() * generated).sum().item(), generated.sum().item(), t["input_ids"].numel(),
-            sum(row.length for row in chunk),
-        ], dtype=torch.float64)  # fmt: skip
+        totals += torch.tensor(
+            [
+                loss.item(),
+                (weights * clipped).sum().item(),
+                (entropy * generated).sum().item(),
+                (kl.detach() * generated).sum().item(),
+                generated.sum().item(),
+                t["input_ids"].numel(),
+                sum(row.length for row in chunk),
+            ],
+            dtype=torch.float64,
+        )
     if dist.is_available() and dist.is_initialized():
         for parameter in model.parameters():
             if parameter.requires_grad:
@@ -171,7 +193,9 @@ def policy_update(
                     parameter.grad = torch.zeros_like(parameter)
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm).item()
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        [p for p in model.parameters() if p.requires_grad], config.max_grad_norm
+    ).item()
     optimizer.step()
     loss, clipped, entropy, kl, generated, processed, real = totals.tolist()
     return {

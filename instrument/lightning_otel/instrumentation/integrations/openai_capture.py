@@ -19,7 +19,13 @@ import openai
 from opentelemetry import trace
 
 from lightning_otel.core import schema
-from lightning_otel.core.vllm_endpoint import ENDPOINTS, StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
+from lightning_otel.core.vllm_endpoint import (
+    ENDPOINTS,
+    StreamAccumulator,
+    endpoint_kind,
+    token_attributes,
+    token_request_fields,
+)
 
 log = logging.getLogger(__name__)
 _parsed_types: tuple[type, ...] = (openai.BaseModel,)  # a whole, parsed response
@@ -54,7 +60,10 @@ def token_fields(client: Any, options: Any, kind: str, body: dict, capture: str)
     if capture == "off":
         return None
     base_url = _url_text(_base_url(client))
-    if capture == "auto" and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, client_headers(client))).is_vllm:
+    if (
+        capture == "auto"
+        and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, client_headers(client))).is_vllm
+    ):
         return None
     extra = dict(options.extra_json or {})
     extra.update(token_request_fields(kind, extra if "logprobs" in extra else body))  # what the request will say
@@ -189,6 +198,6 @@ def sdk_response_class() -> type | None:
 
     module = getattr(_base_client, "httpx2", None) or getattr(_base_client, "httpx", None)
     response_class = getattr(module, "Response", None)
-    return response_class if isinstance(response_class, type) and callable(getattr(response_class, "json", None)) else None
-
-
+    return (
+        response_class if isinstance(response_class, type) and callable(getattr(response_class, "json", None)) else None
+    )

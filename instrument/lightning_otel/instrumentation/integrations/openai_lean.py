@@ -31,9 +31,21 @@ from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.instrumentation.direct_span import start_span
 from lightning_otel.instrumentation.integrations.openai_capture import NO_FIELDS, safely, stamp, token_fields, watch
-from lightning_otel.instrumentation.openinference_attributes import output_attributes, request_attributes, response_attributes, stream_text
+from lightning_otel.instrumentation.openinference_attributes import (
+    output_attributes,
+    request_attributes,
+    response_attributes,
+    stream_text,
+)
 from lightning_otel.instrumentation.options import Options
-from lightning_otel.core.vllm_endpoint import CHAT, COMPLETIONS, StreamAccumulator, endpoint_kind, packed_attributes, token_attributes
+from lightning_otel.core.vllm_endpoint import (
+    CHAT,
+    COMPLETIONS,
+    StreamAccumulator,
+    endpoint_kind,
+    packed_attributes,
+    token_attributes,
+)
 
 log = logging.getLogger(__name__)
 try:  # the compiled body scanner (optional at install, as the OTLP encoder); LIGHTNING_OTEL_PURE_PYTHON=1 turns it off
@@ -54,7 +66,9 @@ class _LeanCall:
 
     def __init__(self, tracer: trace.Tracer, kind: str, body: dict, options: Options) -> None:
         self.kind, self.body, self.hide_outputs = kind, body, options.hide_outputs
-        self.span = start_span(tracer, _SPAN_NAMES[kind], trace.SpanKind.CLIENT, request_attributes(kind, body, options.hide_inputs))
+        self.span = start_span(
+            tracer, _SPAN_NAMES[kind], trace.SpanKind.CLIENT, request_attributes(kind, body, options.hide_inputs)
+        )
         self.base_url: str | None = None  # set when token ids are captured
         self.accumulator: StreamAccumulator | None = None
         self.texts: list[str] = []
@@ -77,7 +91,9 @@ class _LeanCall:
         self.ended = True
         try:
             if parsed is not None:
-                attributes = response_attributes(self.kind, self.data if self.data is not None else parsed, self.hide_outputs)
+                attributes = response_attributes(
+                    self.kind, self.data if self.data is not None else parsed, self.hide_outputs
+                )
                 if self.base_url:
                     attributes.update(self.taken if self.taken is not None else token_attributes(self.kind, parsed))
             else:  # a stream: what it delivered (token ids only when it ran to its end)
@@ -132,7 +148,9 @@ class _LeanCall:
         self.taken, self.data = token_attributes(self.kind, data), data
         if self.strip_ids and "prompt_token_ids" in data:
             data["prompt_token_ids"] = None  # as vLLM answers a request that did not ask
-        unasked = (("token_ids", "prompt_token_ids") if self.strip_ids else ()) + (("logprobs",) if self.strip_logprobs else ())
+        unasked = (("token_ids", "prompt_token_ids") if self.strip_ids else ()) + (
+            ("logprobs",) if self.strip_logprobs else ()
+        )
         for choice in data.get("choices") if type(data.get("choices")) is list else ():
             if type(choice) is dict:
                 for key in unasked:
@@ -148,7 +166,9 @@ class _LeanCall:
         text, prompt, completion, logprobs, position = cut
         data = _JSON.decode(text)  # json.loads(text): the scanner checked the bytes as UTF-8 JSON already
         choice = data["choices"][position] if position >= 0 else None
-        self.taken = {} if choice is None else packed_attributes(prompt, completion, logprobs, choice.get("finish_reason"))
+        self.taken = (
+            {} if choice is None else packed_attributes(prompt, completion, logprobs, choice.get("finish_reason"))
+        )
         self.data = data
         return data
 
@@ -238,5 +258,3 @@ def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
 
     request.__wrapped__ = original
     return request
-
-
