@@ -34,7 +34,7 @@ VARIANTS = {
 }
 
 
-def held_out_reward(digit_sum, sampler, again, seed: int) -> float:  # noqa: ANN001
+def held_out_reward(digit_sum, sampler, again, seed: int) -> float:
     rollouts = digit_sum.run_rollouts(sampler, digit_sum.HELD_OUT, 4, again, seed=seed)
     return float(np.mean([r.reward for r in rollouts]))
 
@@ -57,6 +57,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "digit_sum"))
     import digit_sum  # the digit-sum example's task
+
     from lightning_otel.trainer.tiny_model import build_tiny_model
     from lightning_otel.trainer.update import UpdateConfig
 

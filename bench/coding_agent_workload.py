@@ -34,8 +34,11 @@ SUMMARIZER = "Summarize the conversation so far in one paragraph."
 
 def run_rollout(
     lightning_otel, client, rng: random.Random, task: int, options: dict, budget: int, max_turns: int
-) -> None:  # noqa: ANN001
+) -> int:
+    """One rollout; returns the number of model calls it made."""
     import json
+
+    calls = 0
 
     @lightning_otel.tool(name="read_file")
     def read_file(path: str) -> str:
@@ -49,7 +52,9 @@ def run_rollout(
     def edit_file(path: str, patch: str) -> str:
         return "ok"
 
-    def ask(messages):  # noqa: ANN001, ANN202
+    def ask(messages):
+        nonlocal calls
+        calls += 1
         return client.chat.completions.create(model="policy", messages=messages, **options)
 
     with lightning_otel.rollout(task_id=f"bug-{task}") as rollout:
@@ -57,7 +62,7 @@ def run_rollout(
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": f"fix bug {task} in module_{task}.py"},
         ]
-        for turn in range(max_turns):
+        for _turn in range(max_turns):
             reply = ask(messages)
             messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
             tool = rng.choice([read_file, run_tests, edit_file])
@@ -83,6 +88,32 @@ def run_rollout(
                     {"role": "user", "content": "summary: " + (summary.choices[0].message.content or "")},
                 ]
         rollout.reward(rng.random())
+    return calls
+
+
+def wait_until_stored(data_dir: Path, rollouts: int, calls: int, timeout_s: float = 120.0) -> None:
+    """Poll the store until it holds every rewarded rollout and every LLM call the harness made."""
+    import time
+
+    from lightning_otel.collector import connect
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored = (
+            connect(data_dir)
+            .execute(
+                "SELECT (SELECT count(*) FROM rollouts WHERE reward IS NOT NULL), (SELECT count(*) FROM llm_calls)"
+            )
+            .fetchone()
+        )
+        if stored == (rollouts, calls):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"after {timeout_s:.0f} s the store holds {stored[0]} of {rollouts} rewarded rollouts and "
+                f"{stored[1]} of {calls} LLM calls"
+            )
+        time.sleep(0.2)
 
 
 WORDS = []
@@ -122,16 +153,15 @@ def main() -> None:
         instrumentation = lightning_otel.instrument(endpoint=collector.traces_endpoint, service_name="coding-agent")
         client = openai.OpenAI(base_url=vllm.base_url, api_key="x")
         rng = random.Random(0)
-        for index in range(args.rollouts):
+        made = sum(
             run_rollout(
                 lightning_otel, client, rng, index % max(1, args.rollouts // 4), options, args.budget, args.turns
             )
+            for index in range(args.rollouts)
+        )
         instrumentation.flush()
-        collector_dir = collector.data_dir
-        import time
-
-        time.sleep(2)  # one collector flush
-        conn = connect(collector_dir)
+        wait_until_stored(collector.data_dir, args.rollouts, made)
+        conn = connect(collector.data_dir)
         selection = select_rollouts(conn)
         batch = build_batch(selection)
     samples_per = Counter(batch.rollout_of_sample)

@@ -17,7 +17,25 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from lightning_otel.core import schema
 from lightning_otel.core.token_encoding import pack_floats, pack_ints
 
-WORDS = "the agent calls a tool then reads the result and answers the user with a short summary".split()
+WORDS = [
+    "the",
+    "agent",
+    "calls",
+    "a",
+    "tool",
+    "then",
+    "reads",
+    "the",
+    "result",
+    "and",
+    "answers",
+    "the",
+    "user",
+    "with",
+    "a",
+    "short",
+    "summary",
+]
 
 
 def _text(rng: random.Random, chars: int) -> str:

@@ -21,9 +21,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lightning_otel.collector import connect  # noqa: E402
-from lightning_otel.collector.span_rows import SPANS_SCHEMA  # noqa: E402
-from lightning_otel.collector.store import Store  # noqa: E402
+from lightning_otel.collector import connect
+from lightning_otel.collector.span_rows import SPANS_SCHEMA
+from lightning_otel.collector.store import Store
 
 QUERIES = {
     "join llm_calls x rollouts, group by task": """

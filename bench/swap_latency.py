@@ -32,8 +32,8 @@ from transformers import AutoModelForCausalLM
 
 from lightning_otel.core.gateway_client import GatewayAdminClient
 from lightning_otel.core.servers import CollectorProcess, GatewayProcess, VLLMServer
-from lightning_otel.trainer.tiny_model import build_tiny_model
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.trainer.tiny_model import build_tiny_model
 
 ADMIN = "bench-admin"
 
@@ -95,7 +95,7 @@ def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters
                 with urllib.request.urlopen(request, timeout=600) as reply:
                     reply.read()
                 requests.append((began, time.perf_counter()))
-            except Exception as exc:  # noqa: BLE001 - counted
+            except Exception as exc:
                 failures.append(repr(exc))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]

@@ -312,7 +312,9 @@ def run(example: Example, argv: list[str] | None = None) -> int:
     try:
         print(f"starting collector and vLLM (logs in {workdir})", flush=True)
         collector.start()
+        vllm_began = time.perf_counter()
         vllm.start()
+        print(f"vLLM answered /health {time.perf_counter() - vllm_began:.0f} s after its start", flush=True)
         config = train_config(workdir, policy_dir, collector, vllm, args.learning_rate, example.micro_batch_size)
         print(HEADER, flush=True)
         loop_began, done = time.monotonic(), 0

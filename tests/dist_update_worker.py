@@ -5,9 +5,8 @@ import sys
 
 import torch
 import torch.distributed as dist
-from transformers import AutoModelForCausalLM
-
 from test_update import one_update
+from transformers import AutoModelForCausalLM
 
 model_dir, out = sys.argv[1], sys.argv[2]
 dist.init_process_group("gloo")

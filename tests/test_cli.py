@@ -7,12 +7,10 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 
 from lightning_otel.core import schema
-from lightning_otel.core.servers import free_port
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 from google.rpc import status_pb2
+from helpers import local_collector, wait_for
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
-
-from helpers import wait_for, local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.core.servers import CollectorProcess, free_port

@@ -8,12 +8,12 @@ import json
 import random
 
 import pytest
+from helpers import local_collector
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.collector.otlp_json import decode_json
 from lightning_otel.collector.span_rows import decode_request

@@ -9,12 +9,12 @@ import time
 import grpc
 import pytest
 from google.rpc import code_pb2, error_details_pb2, status_pb2
+from helpers import local_collector
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 from opentelemetry.sdk.trace.export import SpanExportResult
-
-from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.core.servers import free_port
@@ -133,7 +133,7 @@ def test_official_grpc_exporter_with_token_and_large_batch(tmp_path):
 
 def test_grpc_undecodable_body_is_invalid_argument_and_overload_is_unavailable_with_retry_info(tmp_path):
     grpc_port = free_port()
-    with local_collector(tmp_path / "d", grpc_port=grpc_port, max_backlog_bytes=1) as collector:
+    with local_collector(tmp_path / "d", grpc_port=grpc_port, max_backlog_bytes=1):
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         export = channel.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
         with pytest.raises(grpc.RpcError) as error:

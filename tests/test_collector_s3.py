@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core.servers import free_port, stop_process, wait_http_ok
 

@@ -8,9 +8,9 @@ import threading
 import time
 
 import duckdb
-
 from helpers import local_collector, wait_for
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core.servers import CollectorProcess, free_port
 

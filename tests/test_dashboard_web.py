@@ -20,9 +20,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from lightning_otel.collector import connect
-from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 from lightning_otel.core import schema
 from lightning_otel.core.servers import free_port, wait_http_ok
+from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +49,7 @@ class Dashboard:
         command += ["--query-token", query_token] if query_token else []
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def __enter__(self) -> "Dashboard":
+    def __enter__(self) -> Dashboard:
         try:
             wait_http_ok(self.url + "health", 60, self.process, "dashboard")
         except Exception:
@@ -71,7 +71,7 @@ class Dashboard:
         headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
         request = urllib.request.Request(self.url + route, json.dumps(payload).encode(), headers, method="POST")
         try:
-            with urllib.request.urlopen(request, timeout=60) as reply:  # noqa: S310 - our own loopback server
+            with urllib.request.urlopen(request, timeout=60) as reply:
                 return reply.status, json.loads(reply.read())
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read())
@@ -92,8 +92,8 @@ def dashboard(demo_run):
 def browser():
     from playwright import sync_api  # the dev extra
 
-    # .ci/run installs Debian's chromium; without it these tests fail, they do not skip.
-    assert Path(CHROMIUM).exists(), f"no {CHROMIUM}: apt-get install chromium (see .ci/run)"
+    # `make test` installs Debian's chromium; without it these tests fail, they do not skip.
+    assert Path(CHROMIUM).exists(), f"no {CHROMIUM}: apt-get install chromium (`make test` does)"
     with sync_api.sync_playwright() as playwright:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield launched
@@ -345,7 +345,7 @@ def test_the_page_makes_no_request_outside_loopback(page, dashboard, store):
         url for url in page.requests if urlsplit(url).hostname != "127.0.0.1" or urlsplit(url).port != dashboard.port
     ]
     assert outside == []
-    with urllib.request.urlopen(dashboard.url) as reply:  # noqa: S310 - our own loopback server
+    with urllib.request.urlopen(dashboard.url) as reply:
         assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
 
 
@@ -371,3 +371,46 @@ def test_server_module_imports_only_the_standard_library():
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
     )
+
+
+def test_training_view_shows_what_was_left_out_of_training(page, tmp_path):
+    """input_diagnostics written by the trainer's own publisher, read back by the page and by SQL."""
+    from helpers import local_collector
+    from otlp_helpers import make_spans, post, request_bytes
+
+    from lightning_otel.trainer.diagnostics import InputRecord, publish_inputs
+
+    records = [
+        InputRecord("r1", "invalid_behaviour_logprobs", "3 masked", span_id="s1", tokens=3),
+        InputRecord("r2", "invalid_behaviour_logprobs", "2 masked", span_id="s2", tokens=2),
+        InputRecord("r3", "non_finite_gradient", "non-finite gradient (loss nan)", excluded=True),
+        InputRecord("r4", "non_finite_reward", "non-finite reward nan", excluded=True),
+    ]
+    with local_collector(tmp_path / "data") as collector:
+        assert (
+            post(
+                collector.http_endpoint + "/v1/traces", request_bytes(make_spans(lambda t: publish_inputs(records, t)))
+            )[0]
+            == 200
+        )
+        collector.flush()
+    expected = (
+        connect(tmp_path / "data")
+        .execute(
+            "SELECT cause, coalesce(sum(tokens), 0), count(*) FILTER (WHERE excluded) FROM input_diagnostics GROUP BY cause"
+        )
+        .fetchall()
+    )
+    assert sorted(expected) == [
+        ("invalid_behaviour_logprobs", 5, 0),
+        ("non_finite_gradient", 0, 1),
+        ("non_finite_reward", 0, 1),
+    ]
+    with Dashboard(tmp_path / "data") as server:
+        open_view(page, server.url + "#training")
+        assert int(value_of(page, "masked-tokens")) == 5 and int(value_of(page, "excluded-rollouts")) == 2
+        shown = page.locator("table.left-out tbody tr").evaluate_all(
+            "rs => rs.map(r => [r.dataset.cause, r.querySelector('[data-col=tokens]').textContent,"
+            " r.querySelector('[data-col=rollouts]').textContent])"
+        )
+        assert sorted((cause, int(tokens), int(rollouts)) for cause, tokens, rollouts in shown) == sorted(expected)

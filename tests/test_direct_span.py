@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanKind, StatusCode
 
 from lightning_otel.instrumentation import rollouts
@@ -22,12 +22,12 @@ class _Starts(SpanProcessor):
     def __init__(self) -> None:
         self.started = []
 
-    def on_start(self, span, parent_context=None) -> None:  # noqa: ANN001
+    def on_start(self, span, parent_context=None) -> None:
         self.started.append(span.name)
         span.set_attribute("seen.by", "on_start")
 
 
-def _pipeline(sampler=None, limits=None):  # noqa: ANN001, ANN202
+def _pipeline(sampler=None, limits=None):
     provider = TracerProvider(resource=Resource.create({"service.name": "direct"}), sampler=sampler, span_limits=limits)
     memory, starts = InMemorySpanExporter(), _Starts()
     provider.add_span_processor(rollouts.LightningSpanProcessor())
@@ -36,7 +36,7 @@ def _pipeline(sampler=None, limits=None):  # noqa: ANN001, ANN202
     return provider.get_tracer("scope.name", "1.0"), memory, starts
 
 
-def _fields(span) -> dict:  # noqa: ANN001
+def _fields(span) -> dict:
     context = span.get_span_context()
     return {
         "kind": span.kind,

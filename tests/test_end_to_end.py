@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import openai
 import pytest
+from helpers import wait_for
 from transformers import AutoTokenizer
 
 import lightning_otel
-from helpers import wait_for
 from lightning_otel.collector import connect
 from lightning_otel.trainer import PolicyTrainer, SwapError, UpdateConfig, VLLMAdmin, hot_swap, probe_max_diff
 from lightning_otel.trainer.tiny_model import WORDS
@@ -154,8 +154,8 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_the_server_is_touched(
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(SwapError, match="unreadable"):
         hot_swap(admin, broken, version="never", rollback_dir=tiny_model_dir)
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"model.embed_tokens.weight": torch.zeros(3, 3)}, str(broken / "model.safetensors"))
     with pytest.raises(SwapError, match="missing"):

@@ -6,17 +6,21 @@ from __future__ import annotations
 import json
 import subprocess
 import textwrap
+import threading
+import urllib.error
 import urllib.parse
+import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
-
 from helpers import wait_for
 from tcp_proxy import FlakyProxy
+
 from lightning_otel.collector import connect
-from lightning_otel.gateway.server import SERVICE_NAME as GATEWAY_SERVICE
 from lightning_otel.core.servers import GatewayProcess, free_port
+from lightning_otel.gateway.server import SERVICE_NAME as GATEWAY_SERVICE
 from lightning_otel.trainer import build_batch, select_rollouts
 
 
@@ -168,3 +172,91 @@ def test_failures_are_clear_errors_and_error_spans(session_collector, tmp_path):
         )
     assert rows[0][0] == "ERROR" and "upstream" in rows[0][1]
     assert urllib.parse.urlsplit(dead).port  # the dead port stayed dead
+
+
+def test_an_idempotency_key_reused_with_another_body_gets_422_and_reaches_no_server(
+    vllm_server, session_collector, tmp_path
+):
+    hold = threading.Event()  # the first request waits in the proxy until this is set: in flight, for sure
+    with FlakyProxy("127.0.0.1", vllm_server.port, hold=hold) as proxy:
+        with GatewayProcess([proxy.url], session_collector.traces_endpoint, log_path=tmp_path / "g.log") as gateway:
+            rollout_id = f"idem422-{uuid.uuid4().hex[:8]}"
+            # a timeout: were the different body answered as the same request, it would wait for the held first one
+            client = openai.OpenAI(
+                base_url=f"{gateway.url}/rollout/{rollout_id}/v1", api_key="x", max_retries=0, timeout=30
+            )
+            send = dict(
+                model="policy",
+                messages=[{"role": "user", "content": "once"}],
+                max_tokens=5,
+                extra_headers={"Idempotency-Key": "key-422"},
+            )
+            with ThreadPoolExecutor(1) as pool:
+                pending = pool.submit(client.chat.completions.create, **send)
+                assert wait_for(lambda: proxy.requests, lambda n: n == 1) == 1
+                with pytest.raises(openai.UnprocessableEntityError) as while_in_flight:
+                    client.chat.completions.create(**{**send, "max_tokens": 6})
+                hold.set()
+                first = pending.result(timeout=120)
+            with pytest.raises(openai.UnprocessableEntityError) as after:
+                client.chat.completions.create(**{**send, "messages": [{"role": "user", "content": "twice"}]})
+            other_route = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=30)
+            with pytest.raises(openai.UnprocessableEntityError):
+                other_route.chat.completions.create(**send)
+            again = client.chat.completions.create(**send)
+            rows = _rows(session_collector, "SELECT span_id FROM llm_calls WHERE rollout_id = ?", [rollout_id], 1)
+            assert proxy.requests == 1
+    assert again.model_dump() == first.model_dump() and len(rows) == 1
+    for error in (while_in_flight.value, after.value):
+        assert "Idempotency-Key" in error.message and error.body["type"] == "idempotency_error"
+
+
+def _exchange(url: str, body: bytes | None, method: str = "POST") -> tuple[int, str, dict]:
+    request = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.headers["Content-Type"], json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], json.loads(exc.read())
+
+
+def _chat_body(size: int) -> bytes:
+    """A chat request of exactly `size` bytes."""
+    empty = json.dumps({"model": "policy", "messages": [{"role": "user", "content": ""}]}).encode()
+    return json.dumps(
+        {"model": "policy", "messages": [{"role": "user", "content": "x" * (size - len(empty))}]}
+    ).encode()
+
+
+def test_every_error_is_openai_style_json_and_the_body_limit_is_a_flag(session_collector, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    with GatewayProcess(
+        [dead],
+        session_collector.traces_endpoint,
+        log_path=tmp_path / "g.log",
+        extra_args=["--max-body-bytes", "4096", "--retries", "0"],
+    ) as gateway:
+        assert len(_chat_body(4097)) == 4097
+        answers = {
+            "one byte over the limit": (413, _exchange(gateway.url + "/v1/chat/completions", _chat_body(4097))),
+            "a reward over the limit": (
+                413,
+                _exchange(gateway.url + "/rollout/r/reward", b'{"value": 1, "x": "' + b"x" * 5000 + b'"}'),
+            ),
+            "at the limit (then the dead upstream)": (
+                502,
+                _exchange(gateway.url + "/v1/chat/completions", _chat_body(4096)),
+            ),
+            "no such route": (404, _exchange(gateway.url + "/nowhere", b"{}")),
+            "wrong method": (405, _exchange(gateway.url + "/rollout/r/reward", None, method="GET")),
+            "not JSON": (400, _exchange(gateway.url + "/v1/chat/completions", b"nope")),
+        }
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as too_large:
+            client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 5000}])
+    for name, (expected, (status, content_type, body)) in answers.items():
+        assert status == expected, name
+        assert content_type.startswith("application/json"), name
+        assert body["error"]["code"] == status and body["error"]["message"] and body["error"]["type"], name
+    assert "4096 bytes" in answers["one byte over the limit"][1][2]["error"]["message"]
+    assert too_large.value.status_code == 413 and "--max-body-bytes" in too_large.value.message

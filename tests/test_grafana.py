@@ -15,7 +15,7 @@ import re
 import statistics
 import struct
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -29,9 +29,9 @@ from lightning_otel.collector import connect
 from lightning_otel.collector.query import view_statements
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
+from lightning_otel.core import schema
 from lightning_otel.dashboards.grafana import DATASOURCE_UID, PLUGIN_ID, PROVISIONING_DIR, build
 from lightning_otel.dashboards.grafana_views import ViewsFileError, write_views_file
-from lightning_otel.core import schema
 
 REPO = Path(__file__).resolve().parents[1]
 PANELS = [panel for name in build.DASHBOARDS for panel in build.load_panels(name)]
@@ -45,7 +45,7 @@ def expand_macros(sql: str, start: datetime, end: datetime, interval_ms: int) ->
     sql = sql.replace("$__interval_ms", str(interval_ms))  # frontend template variable
 
     def rfc3339(moment: datetime) -> str:  # Go's time.RFC3339 of the UTC time: no fraction
-        return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     sql = re.sub(
         r"\$__timeFilter\(([^()]*)\)",
@@ -92,7 +92,7 @@ def time_range(reference) -> tuple[datetime, datetime]:
     low, high = reference.execute("SELECT epoch_us(min(start_time)), epoch_us(max(end_time)) FROM spans_raw").fetchone()
 
     def moment(us: int) -> datetime:
-        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+        return datetime.fromtimestamp(us / 1e6, tz=UTC)
 
     return moment(low) - timedelta(minutes=1), moment(high) + timedelta(minutes=1)  # macros cut to whole seconds
 
@@ -150,7 +150,7 @@ def test_panel_runs_on_the_views_file_and_follows_the_time_range(views, sql_pane
         times = [row[0] for row in rows]
         assert times == sorted(times) and all(t.tzinfo is not None for t in times)
     # a range before any data: nothing (the stat answers 0)
-    before = (datetime(2001, 1, 1, tzinfo=timezone.utc), datetime(2001, 1, 2, tzinfo=timezone.utc))
+    before = (datetime(2001, 1, 1, tzinfo=UTC), datetime(2001, 1, 2, tzinfo=UTC))
     assert run(views, sql_panel, before) in ([], [(0,)])
 
 
@@ -212,7 +212,7 @@ def test_dropped_spans_on_the_demo(views, raw_spans, time_range):
 
 def test_dropped_spans_sums_the_latest_count_of_each_process(tmp_path):
     """Cumulative counters: the latest per process, summed; non-root spans and duplicates ignored."""
-    base = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
 
     def span(n: int, instance: str, dropped: int, root: bool = True) -> dict:
         return {

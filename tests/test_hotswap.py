@@ -10,17 +10,16 @@ import time
 import urllib.request
 import uuid
 
-import pytest
 import torch
+from helpers import wait_for
 from transformers import AutoModelForCausalLM
 
-from helpers import wait_for
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.core.gateway_client import GatewayAdminClient
 from lightning_otel.core.servers import GatewayProcess
-from lightning_otel.trainer.hotswap import model_prompt_logprobs
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.trainer.hotswap import model_prompt_logprobs
 
 ADMIN = "swap-admin"
 
@@ -85,7 +84,7 @@ def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, sessi
                             [e["logprob"] for e in choice["logprobs"]["content"]],
                         )
                     )
-                except Exception as exc:  # noqa: BLE001 - every failure is counted
+                except Exception as exc:
                     failures.append(repr(exc))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
@@ -162,7 +161,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
                         with urllib.request.urlopen(request, timeout=120) as reply:
                             reply.read()
                         sent.append(rollout_id)
-                    except Exception as exc:  # noqa: BLE001 - every failure is counted
+                    except Exception as exc:
                         failures.append(repr(exc))
 
             threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
@@ -186,7 +185,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
     assert failures == []
     conn = connect(session_collector.data_dir)
     query = f"""SELECT rollout_id, epoch_ns(start_time), CAST(attributes['{schema.SERVER_PORT}'] AS INT)
-                FROM spans WHERE rollout_id LIKE 'two-%' AND span_kind = 'LLM'"""  # noqa: S608
+                FROM spans WHERE rollout_id LIKE 'two-%' AND span_kind = 'LLM'"""
     rows = wait_for(lambda: conn.execute(query).fetchall(), lambda r: {x[0] for x in r} >= set(sent), timeout_s=30)
     port = {url: int(url.rsplit(":", 1)[1]) for url in (vllm_server.url, second.url)}
     during = [(rid, p, url) for rid, started, p in rows for url, closed, opened in windows if closed < started < opened]

@@ -10,12 +10,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import wait_for
 from opentelemetry import trace
 
 import lightning_otel
-from helpers import wait_for
 from lightning_otel.collector import connect
-from lightning_otel.core import schema
 from lightning_otel.core.servers import free_port
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import openai
 import pytest
+from helpers import wait_for
 from transformers import AutoTokenizer
 
 import lightning_otel
-from helpers import wait_for
 from lightning_otel.collector import connect
 
 
@@ -251,6 +252,59 @@ def test_litellm(vllm_server, instrumented, session_collector):
     assert calls == 1
     [llm] = [s for s in spans if s["kind"] == "LLM"]  # LiteLLM's own span carries the token ids
     assert llm["name"] == "completion"
+
+
+def _vllm_answer(vllm_server, messages, **params):
+    """vLLM's own (prompt ids, completion ids, logprobs) for a chat request, over plain HTTP: no client
+    library, no instrumentation."""
+    body = {
+        "model": vllm_server.served_model_name,
+        "messages": messages,
+        "return_token_ids": True,
+        "logprobs": True,
+        **params,
+    }
+    request = urllib.request.Request(
+        vllm_server.base_url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        data = json.loads(reply.read())
+    choice = data["choices"][0]
+    return data["prompt_token_ids"], choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_litellm_streams_record_vllm_token_ids_logprobs_and_version(vllm_server, instrumented, session_collector, mode):
+    import litellm
+
+    messages = [{"role": "user", "content": f"stream for me, {mode}"}]
+    params = dict(max_tokens=8, temperature=1.0, seed=11)  # seeded sampling: the same tokens on every request
+    prompt, completion, logprobs = _vllm_answer(vllm_server, messages, **params)
+    request = dict(
+        model=f"hosted_vllm/{vllm_server.served_model_name}",
+        api_base=vllm_server.base_url,
+        api_key="x",
+        messages=messages,
+        stream=True,
+        **params,
+    )
+
+    async def consume_async():
+        return [chunk async for chunk in await litellm.acompletion(**request)]
+
+    with lightning_otel.rollout(task_id=f"litellm-stream-{mode}") as rollout:
+        chunks = list(litellm.completion(**request)) if mode == "sync" else asyncio.run(consume_async())
+    assert sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks if c.choices) == len(completion)
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 1)
+    _check_calls(spans)  # token ids, aligned logprobs, a policy version, under the rollout
+    assert calls == 1
+    [llm] = [s for s in spans if s["kind"] == "LLM"]
+    assert llm["name"] == {"sync": "completion", "async": "acompletion"}[mode]  # LiteLLM's span, ended after the stream
+    assert (llm["prompt"], llm["completion"]) == (prompt, completion)
+    assert llm["logprobs"] == pytest.approx(logprobs, abs=1e-4)
 
 
 def test_rollout_context_crosses_threads_tasks_and_sub_agents(vllm_server, instrumented, session_collector):

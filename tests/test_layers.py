@@ -101,9 +101,9 @@ def violations(importer_part: str | None, layer: int, path: Path, module: str) -
             sibling_module = target == own_package and is_module(f"{target}.{name}")
             if private and not sibling_module:
                 problems.append(f"{where}:{line}: imports {target}.{name}, another module's private name")
-        if any(piece.startswith("_") and not piece.startswith("__") for piece in target.split(".")):
-            if target.rpartition(".")[0] != own_package:
-                problems.append(f"{where}:{line}: imports private module {target}")
+        private_module = any(piece.startswith("_") and not piece.startswith("__") for piece in target.split("."))
+        if private_module and target.rpartition(".")[0] != own_package:
+            problems.append(f"{where}:{line}: imports private module {target}")
     return problems
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 
+import digit_sum  # examples/digit_sum (conftest puts it on the path)
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import digit_sum  # examples/digit_sum (conftest puts it on the path)
 from lightning_otel.trainer.tiny_model import build_tiny_model
 from lightning_otel.trainer.update import UpdateConfig
 

@@ -46,7 +46,7 @@ def test_rollout_level_loss_is_mean_over_rollouts_of_token_means():
     rollout_of_sample = [0, 1, 1]
     losses = [[2.0, 4.0], [1.0], [3.0, 5.0, 7.0]]
     weights = rollout_token_weights(masks, rollout_of_sample)
-    total = sum(w * l for ws, ls in zip(weights, losses) for w, l in zip(ws, ls))
+    total = sum(w * loss for ws, ls in zip(weights, losses) for w, loss in zip(ws, ls))
     # rollout 0 mean = 3, rollout 1 mean = (1+3+5+7)/4 = 4 -> (3 + 4) / 2
     assert total == pytest.approx(3.5)
 
@@ -88,7 +88,6 @@ def test_each_normalization_on_a_hand_computed_batch():
 
 def _selection_split(rewards_and_splits):
     """Rollouts of one task; each split into the given number of samples (calls that never extend)."""
-    import numpy as np
 
     from lightning_otel.trainer.merge import LLMCall
     from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
@@ -121,3 +120,65 @@ def test_groups_without_reward_variance_are_reported():
 
     batch = build_batch(_selection_split([(1.0, 1), (1.0, 2)]))
     assert batch.zero_variance_groups == ["task"] and batch.advantages == [0.0, 0.0, 0.0]
+
+
+def test_dual_clip_caps_the_loss_of_negative_advantages_on_hand_computed_tokens():
+    logprobs = torch.log(torch.tensor([5.0, 2.0, 5.0, 0.5]))  # ratios 5, 2, 5, 0.5 against behaviour 0
+    advantages = torch.tensor([-1.0, -1.0, 1.0, -2.0])
+    loss, clipped = ppo_clip_token_loss(logprobs, torch.zeros(4), advantages, 0.2, 0.28, dual_clip=3.0)
+    # A<0, r=5: PPO gives 5, the dual-clip caps it at 3; r=2: 2 (under the cap); A>0, r=5: PPO clip -1.28;
+    # A<0, r=0.5: PPO clip at 0.8 -> 1.6
+    assert loss.tolist() == pytest.approx([3.0, 2.0, -1.28, 1.6])
+    assert clipped.tolist() == [True, False, True, True]
+    plain, _ = ppo_clip_token_loss(logprobs, torch.zeros(4), advantages, 0.2, 0.28)  # dual_clip off
+    assert plain.tolist() == pytest.approx([5.0, 2.0, -1.28, 1.6])
+    with pytest.raises(ValueError, match="dual_clip"):
+        ppo_clip_token_loss(logprobs, torch.zeros(4), advantages, dual_clip=1.0)
+
+
+def test_log_ratio_clamp_on_hand_computed_tokens_and_its_gradient_stays_finite():
+    old = torch.zeros(3)
+    log_ratio = torch.tensor([30.0, -30.0, 5.0], requires_grad=True)
+    advantages = torch.tensor([-1.0, 1.0, -1.0])
+    loss, _ = ppo_clip_token_loss(log_ratio, old, advantages, 0.2, 0.28, log_ratio_clamp=20.0)
+    # r = e^20 (not e^30) with A<0 and no dual-clip: the loss is e^20; r = e^-20 with A>0: -e^-20
+    assert loss.tolist() == pytest.approx([math.exp(20.0), -math.exp(-20.0), math.exp(5.0)], rel=1e-6)
+    # A log-ratio past float32's exp range: without the clamp exp() is inf and the clipped branch's zero
+    # gradient times inf is NaN; with it the gradient is exactly 0.
+    huge = torch.tensor([100.0, 100.0], requires_grad=True)
+    loss, _ = ppo_clip_token_loss(huge, torch.zeros(2), torch.tensor([1.0, -1.0]), 0.2, 0.28, 20.0, 3.0)
+    loss.sum().backward()
+    assert loss.tolist() == pytest.approx([-1.28, 3.0]) and huge.grad.tolist() == [0.0, 0.0]
+
+
+def test_k3_kl_and_its_clamp():
+    from lightning_otel.trainer.objective import k3_kl
+
+    logprobs, reference = torch.tensor([-1.0, -2.0, -30.0]), torch.tensor([-1.0, -1.0, 0.0])
+    assert k3_kl(logprobs, reference).tolist() == pytest.approx([0.0, math.e - 2.0, math.exp(30) - 31], rel=1e-6)
+    assert k3_kl(logprobs, reference, 20.0)[2].item() == pytest.approx(math.exp(20) - 21, rel=1e-6)
+
+
+def test_zero_variance_is_detected_with_a_tolerance_and_a_group_of_one_has_no_signal():
+    from lightning_otel.trainer.objective import group_advantages_with_report
+
+    # 0.1 + 0.2 != 0.3 in floating point: a std of ~3e-17, no signal
+    advantages, flat = group_advantages_with_report([0.1 + 0.2, 0.3, 1.0, 0.0, 5.0], ["a", "a", "b", "b", "lone"])
+    assert flat == ["a", "lone"] and advantages[:2] == [0.0, 0.0] and advantages[4] == 0.0
+    assert advantages[2:4] == pytest.approx([1.0, -1.0], abs=1e-5)
+
+
+def test_fixed_length_needs_its_constant_and_an_all_masked_batch_is_a_clear_error():
+    from lightning_otel.trainer.objective import token_weights
+
+    with pytest.raises(ValueError, match="fixed_length"):
+        token_weights([[0, 1, 1]], [0], "fixed_length")
+    for normalization in ("rollout", "sample", "batch_token", "fixed_length"):
+        with pytest.raises(ValueError, match="every token is masked"):
+            token_weights([[0, 0], [0]], [0, 1], normalization, fixed_length=4)
+
+
+def test_huge_finite_rewards_give_finite_z_scores():
+    # (1e300 - 5e299) ** 2 overflows float64: the std is computed scaled, so the z-score is still +-1
+    assert group_advantages([1e300, 0.0], ["a", "a"]) == pytest.approx([1.0, -1.0])
+    assert group_advantages([1e300, 0.0], ["a", "a"], scale_by_std=False) == pytest.approx([5e299, -5e299])

@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import wait_for
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 
@@ -220,17 +220,17 @@ class _BrokenStream:
     """Stands in for an SDK Stream: a recording failure cannot be made to happen with real vLLM
     responses (they are always well formed), so the callbacks themselves fail here."""
 
-    def __init__(self, chunks):  # noqa: ANN001
+    def __init__(self, chunks):
         self._iterator = iter(chunks)
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return self._iterator
 
 
 def test_a_recording_failure_never_reaches_the_caller():
     from lightning_otel.instrumentation.integrations.openai_capture import watch as _watch
 
-    def broken(*_args):  # noqa: ANN002
+    def broken(*_args):
         raise RuntimeError("recording bug")
 
     stream = _watch(_BrokenStream([1, 2, 3]), broken, broken)

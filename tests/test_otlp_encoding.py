@@ -40,7 +40,7 @@ ARRAYS = st.one_of(
     st.lists(INT64, max_size=4),
     st.lists(st.floats(allow_nan=False), max_size=4),
     st.lists(st.booleans(), max_size=4),
-)  # the SDK keeps homogeneous sequences only
+)  # fmt: skip  (the SDK keeps homogeneous sequences only)
 ATTRIBUTES = st.dictionaries(st.text(max_size=12), st.one_of(SCALARS, ARRAYS), max_size=8)
 SPAN = st.fixed_dictionaries(
     {
@@ -238,13 +238,13 @@ def test_an_attribute_neither_can_encode_is_left_out_and_logged(caplog):
 class _Receiver(http.server.BaseHTTPRequestHandler):
     bodies: list[bytes] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def log_message(self, *args):  # noqa: ANN002
+    def log_message(self, *args):
         pass
 
 

@@ -11,17 +11,16 @@ import argparse
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from helpers import local_collector
+from opentelemetry import trace
 from otlp_helpers import make_spans, post, request_bytes
 
 from lightning_otel.collector import connect
-from lightning_otel.dashboards.report import ReportError, parse_steps, parse_time, write_report
 from lightning_otel.core import schema
-from opentelemetry import trace
+from lightning_otel.dashboards.report import ReportError, parse_steps, parse_time, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNGS = ("reward_curve.png", "samples_per_rollout.png", "latency.png")
@@ -69,7 +68,7 @@ def _report(data_dir, out, *args):
 
 # --- a synthetic training loop with known numbers ---------------------------------------------------
 
-T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 STEPS = 3
 ROLLOUTS_PER_STEP = 4
 
@@ -259,12 +258,12 @@ def test_empty_store(tmp_path):
 
 
 def test_parse_time():
-    now = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
     assert parse_time("2h", now) == now - timedelta(hours=2)
     assert parse_time("1h30m ago", now) == now - timedelta(minutes=90)
     assert parse_time("45s", now) == now - timedelta(seconds=45)
-    assert parse_time("2025-06-01T10:00:00Z") == datetime(2025, 6, 1, 10, tzinfo=timezone.utc)
-    assert parse_time("2025-06-01 12:00+02:00") == datetime(2025, 6, 1, 10, tzinfo=timezone.utc)
+    assert parse_time("2025-06-01T10:00:00Z") == datetime(2025, 6, 1, 10, tzinfo=UTC)
+    assert parse_time("2025-06-01 12:00+02:00") == datetime(2025, 6, 1, 10, tzinfo=UTC)
     for bad in ("yesterday", "2h5", "-3h", "2025-13-01"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_time(bad, now)

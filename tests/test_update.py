@@ -1,15 +1,14 @@
 """The update step on the tiny model: micro-batching changes nothing; a step changes the weights."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import numpy as np
-
+from lightning_otel.trainer.hotswap import model_prompt_logprobs
 from lightning_otel.trainer.merge import Sample
 from lightning_otel.trainer.objective import rollout_token_weights
 from lightning_otel.trainer.rollout_data import RolloutRecord
-from lightning_otel.trainer.hotswap import model_prompt_logprobs
 from lightning_otel.trainer.update import Batch, UpdateConfig, policy_update
 
 
@@ -103,9 +102,11 @@ def test_shared_prefix_rows_give_the_same_loss_and_gradient(tiny_model_dir):
 def one_update(model):
     """The update both the 1-process and the 2-process runs make (also used by dist_update_worker.py).
     SGD, so the update is linear in the gradient: Adam's first step is lr * sign(g), which would turn
-    float-rounding noise in near-zero gradients into lr-sized differences."""
+    float-rounding noise in near-zero gradients into lr-sized differences. No gradient clipping: a
+    clip scales any gradient to the same norm, so averaging instead of summing across processes
+    would give the same step."""
     batch = _batch(model)
-    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=0.5)
+    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=float("inf"))
     return policy_update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, config)
 
 
@@ -119,7 +120,11 @@ def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path
 
     here = Path(__file__).parent
     out = tmp_path / "params.pt"
-    env = {**os.environ, "PYTHONPATH": str(here), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(here), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "OMP_NUM_THREADS": "1",
+    }
     result = subprocess.run(
         [
             sys.executable,

@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_otel.core import schema
+from lightning_otel.core.vllm_endpoint import CHAT, COMPLETIONS
 from lightning_otel.instrumentation.integrations import openai_lean
 from lightning_otel.instrumentation.integrations.openai_lean import _LeanCall
-from lightning_otel.core.vllm_endpoint import CHAT, COMPLETIONS
 
 cut = openai_lean._vllm_tokens.cut if openai_lean._vllm_tokens is not None else None
 
@@ -44,7 +44,7 @@ def _both(body: bytes, kind: str, strip_ids: bool, strip_logprobs: bool) -> tupl
         python = _call(kind, strip_ids, strip_logprobs)
         try:
             python.take(reference)
-        except Exception as exc:  # noqa: BLE001 - the Python path logs it (and reads the SDK's objects later)
+        except Exception as exc:
             reference = exc
         else:
             reference = (reference, python.taken)
@@ -75,7 +75,7 @@ LOGPROB = st.one_of(
 TEXT = st.text(max_size=12)
 
 
-def _entry(logprob):  # noqa: ANN001, ANN202 - a chat logprobs.content element as vLLM writes it
+def _entry(logprob):
     return st.fixed_dictionaries(
         {
             "token": TEXT,
@@ -87,7 +87,7 @@ def _entry(logprob):  # noqa: ANN001, ANN202 - a chat logprobs.content element a
 
 
 @st.composite
-def _choice(draw, kind: str, index) -> dict:  # noqa: ANN001
+def _choice(draw, kind: str, index) -> dict:
     ids = draw(st.one_of(st.none(), st.lists(ID, max_size=40)))
     logprobs = draw(st.lists(LOGPROB, min_size=len(ids or ()), max_size=len(ids or ())) | st.lists(LOGPROB, max_size=5))
     choice: dict = {"finish_reason": draw(st.sampled_from(["stop", "length", None])), "stop_reason": None}
@@ -114,7 +114,7 @@ def _choice(draw, kind: str, index) -> dict:  # noqa: ANN001
     return _shuffled(draw, choice)
 
 
-def _shuffled(draw, fields: dict) -> dict:  # noqa: ANN001
+def _shuffled(draw, fields: dict) -> dict:
     keys = draw(st.permutations(list(fields)))
     return {key: fields[key] for key in keys}
 

@@ -8,9 +8,9 @@ import time
 import zlib
 
 import pyarrow.parquet as pq
-
 from otlp_helpers import make_spans, request_bytes
 from payloads import build_request
+
 from lightning_otel.collector.pipeline import IDLE_ROTATE_BYTES, Pipeline
 from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import _HEADER, WriteAheadLog, read_segment

@@ -65,7 +65,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="start vLLM with what capture and hot-swap need, and keep it running")
+    p = sub.add_parser(
+        "serve",
+        help="start vLLM with what capture and hot-swap need, and keep it running",
+        description=(
+            "Sends no spans: vLLM's token ids and logprobs reach the collector on the spans of the agent"
+            " (lightning_otel.instrument()) or of the gateway in front of it."
+        ),
+    )
     p.add_argument("--model", required=True, help="a Hugging Face model folder")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--host", default="127.0.0.1")

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from lightning_otel.collector import connect
-from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 from lightning_otel.core.servers import free_port, wait_http_ok
+from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 
 HERE = Path(__file__).resolve().parent
 VIEWPORT = {"width": 1400, "height": 900}

@@ -79,7 +79,7 @@ class LocalSampler:
     """Samples chat completions from a transformers model in process, returning token ids and the
     behaviour logprob of each sampled token (temperature 1: exactly the model's own)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 10) -> None:  # noqa: ANN001
+    def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 10) -> None:
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
 
     def prompt_ids(self, chat: list[dict]) -> list[int]:
@@ -139,7 +139,7 @@ def follow_up(a: int, b: int, previous: str) -> list[dict]:
     return [{"role": "system", "content": f"Check: {previous.strip()[:40]}"}] + messages(a, b)
 
 
-def retry_unformatted(max_calls: int = 3):  # noqa: ANN201
+def retry_unformatted(max_calls: int = 3):
     """A harness policy: ask again (in a rewritten context) while the answer is not in the format."""
     return lambda a, b, text, calls: calls < max_calls and not formatted(text)
 
@@ -148,7 +148,7 @@ def run_rollouts(
     sampler: LocalSampler,
     pairs,
     group_size: int,
-    again=None,  # noqa: ANN001
+    again=None,
     seed: int | None = None,
 ) -> list:
     """group_size rollouts per pair; a rollout makes another call while again(a, b, last text, calls so
@@ -185,10 +185,10 @@ def rl_iteration(
     sampler: LocalSampler,
     pairs,
     group_size: int,
-    config,  # noqa: ANN001
+    config,
     again=None,
     seed: int | None = None,
-) -> dict:  # noqa: ANN001
+) -> dict:
     """One on-policy iteration through the trainer's own code path: run_rollouts, then build_batch and
     policy_update."""
     from lightning_otel.trainer.rollout_data import Selection

@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 from concurrent.futures import ThreadPoolExecutor
 
+import digit_sum  # this example's task, beside this file
 import openai
 
-import digit_sum  # this example's task, beside this file
 import lightning_otel
 
 REMINDER = "Reply exactly as: The answer is <number>."

@@ -16,16 +16,23 @@ Views (docs/sql.md has columns and examples):
   train_steps  one row per optimizer step of the training job: reward, loss, clip fraction, swap time
   merge_diagnostics  one row per boundary between consecutive LLM calls, from the trainer: merged or
              not, first divergent position, classified cause
+  input_diagnostics  what the trainer left out and why: one row per LLM call with tokens masked out of
+             the loss (invalid behaviour logprobs), one per rollout excluded for good (non-finite
+             reward, non-finite gradient, ...)
 
 `sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
 or extension access outside the trace store, settings locked, and `check_read_only` refuses any
 statement that is not a query. `run_query` is the two together, the one way SQL from the network
-runs (the collector's and the dashboard's POST /v1/query).
+runs; `query_limits.QueryLimiter` adds a time limit and a cap on concurrent queries around it (the
+collector's and the dashboard's POST /v1/query).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import duckdb
 
@@ -58,6 +65,8 @@ _TRAIN_COLUMNS = (
     ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
     ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"),
     ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
+    ("masked_calls", schema.TRAIN_MASKED_CALLS, "BIGINT"),
+    ("masked_tokens", schema.TRAIN_MASKED_TOKENS, "BIGINT"),
 )
 
 
@@ -114,6 +123,15 @@ def view_statements(source: str) -> list[str]:
                    attributes[{_literal(schema.MERGE_REGION)}] AS region,
                    attributes[{_literal(schema.MERGE_DETAIL)}] AS detail
             FROM spans WHERE name = {_literal(schema.SPAN_MERGE_BOUNDARY)}""",
+        f"""CREATE OR REPLACE VIEW input_diagnostics AS
+            SELECT attributes[{_literal(schema.INPUT_ROLLOUT)}] AS rollout_id,
+                   start_time AS time, service_name,
+                   attributes[{_literal(schema.INPUT_SPAN)}] AS span_id,
+                   attributes[{_literal(schema.INPUT_CAUSE)}] AS cause,
+                   TRY_CAST(attributes[{_literal(schema.INPUT_TOKENS)}] AS BIGINT) AS tokens,
+                   coalesce(attributes[{_literal(schema.INPUT_EXCLUDED)}] = 'true', false) AS excluded,
+                   attributes[{_literal(schema.INPUT_DETAIL)}] AS detail
+            FROM spans WHERE name = {_literal(schema.SPAN_INPUT_DIAGNOSTIC)}""",
         f"""CREATE OR REPLACE VIEW train_steps AS
             SELECT start_time AS time, service_name,
                    {", ".join(f"TRY_CAST(attributes[{_literal(attr)}] AS {kind}) AS {column}" for column, attr, kind in _TRAIN_COLUMNS)}
@@ -188,7 +206,10 @@ def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     return conn
 
 
-def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
+QUERY_MEMORY_LIMIT = "1GB"
+
+
+def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = QUERY_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
     """Like connect(), but SQL can read only the trace store and change nothing outside the session."""
     store = Store(data_dir)
     conn = duckdb.connect(
@@ -220,21 +241,30 @@ def check_read_only(sql: str) -> None:
 MAX_QUERY_ROWS = 100_000
 
 
-def run_query(data_dir: str | os.PathLike, sql: str, max_rows: int = MAX_QUERY_ROWS) -> dict:
+def run_query(
+    data_dir: str | os.PathLike,
+    sql: str,
+    max_rows: int = MAX_QUERY_ROWS,
+    memory_limit: str = QUERY_MEMORY_LIMIT,
+    watch: Callable[[duckdb.DuckDBPyConnection], AbstractContextManager] | None = None,
+) -> dict:
     """One read-only statement from the network, on a sandboxed connection opened for it alone:
     `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows).
 
     Raises ValueError for anything but one query and duckdb.Error for a failing one (both are the
-    caller's 400). Shared by the collector's and the dashboard's POST /v1/query, so both have the
-    same sandbox and the same reply."""
+    caller's 400). `watch(conn)`, a context manager, holds the connection while the statement runs
+    and its rows are fetched (query_limits.QueryLimiter interrupts it from there). Shared by the
+    collector's and the dashboard's POST /v1/query (through QueryLimiter), so both have the same
+    sandbox and the same reply."""
     if not isinstance(sql, str):
         raise ValueError("'sql' must be a string")
     check_read_only(sql)
-    conn = sandboxed_connect(data_dir)
+    conn = sandboxed_connect(data_dir, memory_limit)
     try:
-        result = conn.execute(sql)
-        columns = [d[0] for d in result.description] if result.description else []
-        rows = result.fetchmany(max_rows + 1) if columns else []
+        with watch(conn) if watch is not None else contextlib.nullcontext():
+            result = conn.execute(sql)
+            columns = [d[0] for d in result.description] if result.description else []
+            rows = result.fetchmany(max_rows + 1) if columns else []
     finally:
         conn.close()
     return {"columns": columns, "rows": [list(row) for row in rows[:max_rows]], "truncated": len(rows) > max_rows}

@@ -18,7 +18,8 @@ import binascii
 import json
 import sys
 from array import array
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -99,7 +100,7 @@ SLOTS: dict[str, tuple[bool, int, Any]] = {
 }
 
 
-def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
+def any_value(value) -> Any:
     which = value.WhichOneof("value")
     if which is None:
         return None
@@ -112,7 +113,7 @@ def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
     return getattr(value, which)
 
 
-def plain_value(value, which: str) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
+def plain_value(value, which: str) -> Any:
     """A value as promotion sees it: bytes stay bytes (packed arrays), the rest as any_value."""
     return (
         value.bytes_value
@@ -126,7 +127,7 @@ def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list) -> bool:  # noqa: ANN001
+def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list) -> bool:
     """Put a promoted attribute's value in its column; False if it does not fit (it stays in the map)."""
     is_list, index, kind = slot
     if which is None:
@@ -180,7 +181,7 @@ def decode_request(body: bytes | memoryview) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(body)
-    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
+    except Exception as exc:
         raise ValueError(f"undecodable OTLP protobuf: {exc}") from None
     return request
 
@@ -189,7 +190,7 @@ def count_spans(request: ExportTraceServiceRequest) -> int:
     return sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
 
 
-def has_valid_ids(span) -> bool:  # noqa: ANN001 - opentelemetry.proto Span
+def has_valid_ids(span) -> bool:
     """OTLP ids: 16-byte trace id, 8-byte span id, parent empty or 8 bytes."""
     return len(span.trace_id) == 16 and len(span.span_id) == 8 and len(span.parent_span_id) in (0, 8)
 
@@ -298,8 +299,8 @@ def assemble(
         columns[name] = pa.array(values, SPANS_SCHEMA.field(name).type)
     for (column, dtype, _, _), values in zip(SCALARS, scalars):
         columns[column] = pa.array(values, dtype)
-    for (column, _, _, _, _), array in zip(LISTS, lists):
-        columns[column] = array
+    for (column, _, _, _, _), values in zip(LISTS, lists):
+        columns[column] = values
     for column, (offsets, keys, values) in (("attributes", attributes), ("resource_attributes", resource)):
         columns[column] = pa.MapArray.from_arrays(
             pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
@@ -307,7 +308,7 @@ def assemble(
     return pa.RecordBatch.from_arrays([columns[f.name] for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
 
 
-def events_json(events) -> str:  # noqa: ANN001 - repeated Span.Event
+def events_json(events) -> str:
     return json.dumps(
         [
             {

@@ -17,7 +17,7 @@ import os
 import threading
 import urllib.parse
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -132,7 +132,7 @@ class Store:
             self.write(SPANS_SCHEMA.empty_table(), path)
 
     def partition_dir(self, service: str | None, hour: int) -> str:
-        when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
+        when = datetime.fromtimestamp(hour * 3600, tz=UTC)
         service_part = urllib.parse.quote(service or "unknown", safe="")
         return f"{self.spans_root}/service={service_part}/date={when:%Y-%m-%d}/hour={when:%H}"
 

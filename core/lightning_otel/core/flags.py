@@ -31,9 +31,11 @@ def setting(
     env: str | None = None,
     repeat: bool = False,
     default_factory: Any = _MISSING,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
-    """A dataclass field with its flag's help (and, when the flag or variable is not the usual one, its names)."""
-    metadata = {"help": help, "flag": flag, "env": env, "repeat": repeat}
+    """A dataclass field with its flag's help (and, when the flag or variable is not the usual one, its
+    names; `aliases` are further flags for the same field)."""
+    metadata = {"help": help, "flag": flag, "env": env, "repeat": repeat, "aliases": aliases}
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -113,7 +115,7 @@ def add_flags(
             options.update(action="append", default=None if default is _MISSING else default)
         else:
             options["type"] = (lambda text, kind=kind: parse_value(kind, text)) if kind is list else kind
-        parser.add_argument(flag, **options)
+        parser.add_argument(flag, *meta.get("aliases", ()), **options)
 
 
 def from_args(settings_type: type, args: argparse.Namespace) -> Any:

@@ -109,6 +109,14 @@ MERGE_CHAIN = "lightning.merge.chain"  # int: chain index within the rollout
 MERGE_PREV_SPAN = "lightning.merge.prev_span_id"
 MERGE_NEXT_SPAN = "lightning.merge.next_span_id"
 
+# --- input diagnostics: what the trainer left out of the loss and why, one span per call or rollout --
+INPUT_ROLLOUT = "lightning.input.rollout_id"  # not lightning.rollout.id: not a span of the rollout
+INPUT_SPAN = "lightning.input.span_id"  # the LLM call whose tokens were masked (absent for a rollout)
+INPUT_CAUSE = "lightning.input.cause"  # invalid_behaviour_logprobs, non_finite_reward, non_finite_gradient, ...
+INPUT_TOKENS = "lightning.input.tokens"  # int: completion tokens masked out of the loss
+INPUT_EXCLUDED = "lightning.input.excluded"  # bool: the whole rollout was left out of training for good
+INPUT_DETAIL = "lightning.input.detail"
+
 # --- training steps: one span per optimizer step, written by the training job ---------------------
 TRAIN_STEP = "lightning.train.step"  # int
 TRAIN_VERSION = "lightning.train.version"  # the policy version the step produced
@@ -122,6 +130,8 @@ TRAIN_KL = "lightning.train.kl"
 TRAIN_GRAD_NORM = "lightning.train.grad_norm"
 TRAIN_SWAP_SECONDS = "lightning.train.swap_seconds"
 TRAIN_MERGE_RATE = "lightning.train.merge_rate"
+TRAIN_MASKED_CALLS = "lightning.train.masked_calls"  # int: calls with behaviour logprobs masked out
+TRAIN_MASKED_TOKENS = "lightning.train.masked_tokens"  # int: tokens masked out of the loss
 # int[]: element k = how many of the step's rollouts became k + 1 training samples
 TRAIN_SAMPLES_PER_ROLLOUT = "lightning.train.samples_per_rollout"
 
@@ -136,6 +146,7 @@ SPAN_ROLLOUT = "rollout"
 SPAN_REWARD = "reward"
 SPAN_MERGE_BOUNDARY = "merge_boundary"
 SPAN_TRAIN_STEP = "train_step"
+SPAN_INPUT_DIAGNOSTIC = "input_diagnostic"
 
 # The attributes copied from the rollout context onto every span started inside a rollout.
 ROLLOUT_CONTEXT_ATTRIBUTES = (ROLLOUT_ID, TASK_ID, ATTEMPT)
@@ -165,6 +176,12 @@ LIGHTNING_ATTRIBUTES = (
     MERGE_CHAIN,
     MERGE_PREV_SPAN,
     MERGE_NEXT_SPAN,
+    INPUT_ROLLOUT,
+    INPUT_SPAN,
+    INPUT_CAUSE,
+    INPUT_TOKENS,
+    INPUT_EXCLUDED,
+    INPUT_DETAIL,
     TRAIN_STEP,
     TRAIN_VERSION,
     TRAIN_ROLLOUTS,
@@ -178,5 +195,7 @@ LIGHTNING_ATTRIBUTES = (
     TRAIN_SWAP_SECONDS,
     TRAIN_MERGE_RATE,
     TRAIN_SAMPLES_PER_ROLLOUT,
+    TRAIN_MASKED_CALLS,
+    TRAIN_MASKED_TOKENS,
     SDK_DROPPED_SPANS,
 )

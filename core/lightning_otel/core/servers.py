@@ -35,7 +35,7 @@ def wait_http_ok(url: str, timeout_s: float, process: subprocess.Popen | None = 
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{what} exited with code {process.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=2) as reply:  # noqa: S310 - our own loopback URL
+            with urllib.request.urlopen(url, timeout=2) as reply:
                 if reply.status == 200:
                     return
         except (OSError, urllib.error.URLError):
@@ -88,7 +88,7 @@ class ManagedProcess:
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
 
-    def start(self):  # noqa: ANN201 - returns self (subclass type)
+    def start(self):
         if self.log_path is not None and str(self.log_path) == "-":
             log = None  # the child writes to our stdout (containers: the log collector reads it)
         else:
@@ -107,7 +107,7 @@ class ManagedProcess:
         if self.process is not None:
             stop_process(self.process)
 
-    def __enter__(self):  # noqa: ANN204
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:

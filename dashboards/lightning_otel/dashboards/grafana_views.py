@@ -109,7 +109,7 @@ def _cmd_grafana_views(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private _SubParsersAction
+def add_parser(sub, data_dir: str) -> None:
     p = sub.add_parser("grafana-views", help="write a DuckDB file of the trace views for Grafana's DuckDB datasource")
     p.add_argument("--data-dir", default=data_dir, help="trace store, a local directory [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--out", default="views.duckdb", help="the DuckDB file to write (replaced atomically)")

@@ -22,9 +22,8 @@ import argparse
 import dataclasses
 import re
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
 
 SUMMARY = "summary.md"
 REWARD_PNG, SAMPLES_PNG, LATENCY_PNG = "reward_curve.png", "samples_per_rollout.png", "latency.png"
@@ -48,7 +47,7 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
     parts = _DURATION_PART.findall(compact)
     if parts and "".join(n + u for n, u in parts) == compact:
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-        return (now or datetime.now(timezone.utc)) - timedelta(seconds=seconds)
+        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -56,7 +55,7 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
             f"{text!r} is neither an ISO-8601 time (2025-06-01T12:00, 2025-06-01 12:00:00+02:00) "
             "nor a duration ago (90s, 30m, 2h, 1d, 1h30m)"
         ) from None
-    return moment.astimezone(timezone.utc)  # a naive time is taken as local time
+    return moment.astimezone(UTC)  # a naive time is taken as local time
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -79,7 +78,7 @@ class Window:
 
 
 def _utc(moment: datetime) -> datetime:
-    return moment.astimezone(timezone.utc) if moment.tzinfo else moment.astimezone().astimezone(timezone.utc)
+    return moment.astimezone(UTC) if moment.tzinfo else moment.astimezone().astimezone(UTC)
 
 
 def _sql_time(moment: datetime) -> str:
@@ -95,7 +94,7 @@ def _between(column: str, window: Window) -> str:
     return " AND ".join(bounds) or "true"
 
 
-def _steps_window(conn, first: int, last: int) -> Window:  # noqa: ANN001 - duckdb connection
+def _steps_window(conn, first: int, last: int) -> Window:
     end = conn.execute("SELECT max(time) FROM train_steps WHERE step BETWEEN ? AND ?", [first, last]).fetchone()[0]
     if end is None:
         known = conn.execute("SELECT min(step), max(step), count(*) FROM train_steps").fetchone()
@@ -109,7 +108,7 @@ def _steps_window(conn, first: int, last: int) -> Window:  # noqa: ANN001 - duck
     return Window(start=before[1], end=end, steps=(first, last), start_step=before[0])
 
 
-def _scope(conn, window: Window) -> None:  # noqa: ANN001 - duckdb connection
+def _scope(conn, window: Window) -> None:
     """Temp tables of the window's rows, so the queries below scan them instead of re-reading the store."""
     steps = f"step BETWEEN {window.steps[0]} AND {window.steps[1]}" if window.steps else _between("time", window)
     conn.execute(f"CREATE TEMP TABLE w_rollouts AS SELECT * FROM rollouts WHERE {_between('start_time', window)}")
@@ -149,7 +148,7 @@ class ReportData:
     latency_sample: dict[str, list[float]]  # model -> durations (ms), for the histogram
 
 
-def _gather(conn) -> ReportData:  # noqa: ANN001 - duckdb connection
+def _gather(conn) -> ReportData:
     one = lambda sql: conn.execute(sql).fetchone()  # noqa: E731
     rows = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
     first_time, last_time = one("SELECT min(start_time), max(end_time) FROM w_rollouts")
@@ -384,7 +383,7 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
-def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private subparsers action
+def add_parser(sub, data_dir: str) -> None:
     p = sub.add_parser(
         "report",
         help="PNG plots and a Markdown summary of a time window or a training job",

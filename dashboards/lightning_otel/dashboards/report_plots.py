@@ -13,14 +13,14 @@ from pathlib import Path
 DPI = 100
 
 
-def _figure(columns: int):  # noqa: ANN202 - matplotlib Figure, imported lazily
+def _figure(columns: int):
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(5.5 * columns, 4.0), dpi=DPI, layout="constrained")
     return figure, figure.subplots(1, columns, squeeze=False)[0]
 
 
-def _no_data(ax, text: str) -> None:  # noqa: ANN001 - matplotlib Axes
+def _no_data(ax, text: str) -> None:
     ax.text(0.5, 0.5, f"no data\n({text})", ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_xticks([])
     ax.set_yticks([])

@@ -6,7 +6,7 @@ replica (new requests wait in the gateway), waits until its requests in flight h
 resume; rollback on failure), then dispatches again. A request is dispatched only while its
 replica's version is stable, so the version recorded at dispatch is the version that serves it.
 
-LoRA: the new adapter is loaded on every replica under a versioned name (`policy@7`); the gateway
+LoRA: the adapter is refused if it holds a NaN or an infinity; else it is loaded on every replica under a versioned name (`policy@7`); the gateway
 then points the logical model name (`policy`) at it for new requests, atomically; requests already
 running on the previous adapter finish on it, and it is unloaded once none is left.
 
@@ -25,7 +25,8 @@ from typing import Any
 from aiohttp import web
 
 from lightning_otel.core.auth import bearer_ok
-from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap
+from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap, require_finite
+from lightning_otel.gateway.server import error_response
 
 _DRAIN_TIMEOUT_S = 600.0
 
@@ -34,7 +35,7 @@ def _admin_ok(request: web.Request, token: str | None) -> bool:
     return bool(token) and bearer_ok(request.headers.get("Authorization"), token)  # no admin token: no admin
 
 
-async def _drained(condition: asyncio.Condition, still_busy) -> float:  # noqa: ANN001
+async def _drained(condition: asyncio.Condition, still_busy) -> float:
     """Wait until still_busy() is false; returns the seconds waited."""
     began = time.perf_counter()
     async with condition:
@@ -42,7 +43,7 @@ async def _drained(condition: asyncio.Condition, still_busy) -> float:  # noqa: 
     return time.perf_counter() - began
 
 
-async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a Gateway
+async def swap_full(gateway, body: dict) -> dict[str, Any]:
     weights, version, rollback = body["weights_path"], str(body["version"]), body["rollback_path"]
     replicas = []
     for upstream in gateway.upstreams:
@@ -68,10 +69,11 @@ async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
     return {"mode": "full", "version": version, "replicas": replicas}
 
 
-async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a Gateway
+async def swap_lora(gateway, body: dict) -> dict[str, Any]:
     model, version, path = body["model"], str(body["version"]), body["adapter_path"]
     name = f"{model}@{version}"
     began = time.perf_counter()
+    await asyncio.to_thread(require_finite, path)  # a NaN adapter is refused before any replica sees it
     for upstream in gateway.upstreams:
         await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).load_lora, name, path)
     previous = gateway.served.get(model)
@@ -89,28 +91,28 @@ async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
     return {"mode": "lora", "version": version, "adapter": name, "load_s": loaded, "drain_s": waited}
 
 
-def routes(gateway) -> list[web.RouteDef]:  # noqa: ANN001 - a Gateway
+def routes(gateway) -> list[web.RouteDef]:
     lock = asyncio.Lock()  # one swap at a time
 
     async def swap(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
-            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+            return error_response(403, "admin routes need --admin-token and its bearer token", "permission_error")
         try:
             body = await request.json()
             mode = body.get("mode", "full")
             async with lock:
                 result = await (swap_lora if mode == "lora" else swap_full)(gateway, body)
         except (KeyError, ValueError, TypeError) as exc:
-            return web.json_response({"error": f"bad swap request: {exc}"}, status=400)
+            return error_response(400, f"bad swap request: {exc}", "invalid_request_error")
         except SwapError as exc:
-            return web.json_response({"error": str(exc)}, status=502)
-        except asyncio.TimeoutError:
-            return web.json_response({"error": "requests in flight did not drain in time"}, status=504)
+            return error_response(502, str(exc), "swap_failed")
+        except TimeoutError:
+            return error_response(504, "requests in flight did not drain in time", "drain_timeout")
         return web.json_response(result)
 
     async def state(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
-            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+            return error_response(403, "admin routes need --admin-token and its bearer token", "permission_error")
         return web.json_response(
             {
                 "replicas": [

@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_otel.core.flags import setting
+from lightning_otel.core.otlp import ENDPOINT_HELP
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -29,3 +32,5 @@ class GatewayConfig:
     admin_token: str | None = setting(
         None, "enables /admin/swap (weight swaps without dropped requests) behind this bearer token"
     )
+    max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "largest request body accepted; larger ones get 413")
+    otlp_endpoint: str | None = setting(None, ENDPOINT_HELP)

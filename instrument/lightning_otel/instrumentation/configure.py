@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -28,6 +27,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
 from lightning_otel.core import schema
 from lightning_otel.core.otlp import export_timeout_s, traces_endpoint
+from lightning_otel.core.token_encoding import current as token_encoding_in_use
+from lightning_otel.core.token_encoding import set_encoding
 from lightning_otel.instrumentation.integrations import ALL as INTEGRATIONS
 from lightning_otel.instrumentation.options import (
     CAPTURE_MODES,
@@ -41,8 +42,6 @@ from lightning_otel.instrumentation.options import (
 )
 from lightning_otel.instrumentation.otlp_encoding import encode_request
 from lightning_otel.instrumentation.rollouts import LightningSpanProcessor
-from lightning_otel.core.token_encoding import current as token_encoding_in_use
-from lightning_otel.core.token_encoding import set_encoding
 
 log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "lightning-agent"
@@ -57,7 +56,7 @@ class _CountingExporter(OTLPSpanExporter):
     handed = 0  # spans the batch processor passed to export(), delivered or not
     failed = 0
 
-    def export(self, spans):  # noqa: ANN001, ANN201
+    def export(self, spans):
         self.handed += len(spans)
         result = self._export_encoded(spans)
         if result is None:
@@ -66,13 +65,13 @@ class _CountingExporter(OTLPSpanExporter):
             self.failed += len(spans)
         return result
 
-    def _export_encoded(self, spans) -> SpanExportResult | None:  # noqa: ANN001
+    def _export_encoded(self, spans) -> SpanExportResult | None:
         client, limit = getattr(self, "_client", None), getattr(self, "_max_request_size", None)
         if getattr(self, "_shutdown", True) or not hasattr(client, "export") or not isinstance(limit, int):
             return None
         try:
             body = encode_request(spans)
-        except Exception:  # noqa: BLE001 - the SDK's encoder decides about this batch
+        except Exception:
             log.exception("lightning_otel: could not encode a span batch; using the SDK's encoder")
             return None
         if 0 < limit < len(body):
@@ -94,7 +93,7 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
 
     queued = 0
 
-    def on_end(self, span) -> None:  # noqa: ANN001
+    def on_end(self, span) -> None:
         # what BatchSpanProcessor.on_end does (its queue's emit() for sampled spans), counted, one call
         # shorter: this runs at the end of every model call
         batch = getattr(self, "_batch_processor", None)
@@ -233,15 +232,15 @@ def _refuse_short_cap(cap: int | None) -> None:
         )
 
 
-def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:  # noqa: ANN001 - an integration module
+def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:
     """Turn the integration on now, or when its library is first imported. False if not installed."""
     if not integration.available():
         return False
 
-    def turn_on(_module=None) -> None:  # noqa: ANN001
+    def turn_on(_module=None) -> None:
         try:
             integration.enable(provider, chosen)
-        except Exception:  # noqa: BLE001 - one broken integration must not stop the agent
+        except Exception:
             log.exception("lightning_otel: could not turn on the %s integration", integration.NAME)
 
     if integration.TRIGGER is None or integration.TRIGGER in sys.modules:

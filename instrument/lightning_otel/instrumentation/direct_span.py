@@ -16,8 +16,9 @@ SDK's (or an SDK laid out differently), so the worst case is the SDK's cost, not
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from time import time_ns
-from typing import Any, Mapping
+from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace

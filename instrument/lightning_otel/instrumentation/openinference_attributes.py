@@ -13,8 +13,9 @@ definitions as `llm.tools` (they are in the parameters). Standard library only (
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Mapping
+from typing import Any
 
 from lightning_otel.core import schema
 from lightning_otel.core.vllm_endpoint import CHAT, first_choice, read_field

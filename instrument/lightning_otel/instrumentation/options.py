@@ -6,8 +6,9 @@ dropped-span counter `rollout()` reports. `instrument()` is the only writer.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Literal, get_args
 
 CaptureMode = Literal["auto", "always", "off"]
 OpenAISpans = Literal["lean", "openinference"]
@@ -34,7 +35,7 @@ class Options:
             )
         return value
 
-    def trace_config(self):  # noqa: ANN201 - openinference TraceConfig
+    def trace_config(self):
         from openinference.instrumentation import TraceConfig
 
         return TraceConfig(hide_inputs=self.hide_inputs, hide_outputs=self.hide_outputs)

@@ -163,7 +163,7 @@ def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> list[bytes]:
                 value_bytes = b"\x3a" + (small[n] if n < 16384 else _varint_uncached(n)) + value
             else:
                 value_bytes = _any_value(value)
-        except Exception as error:  # noqa: BLE001 - as encode_spans: one bad value, not the batch
+        except Exception as error:
             log.exception("Failed to encode key %s: %s", key, error)
             continue
         n = len(value_bytes)

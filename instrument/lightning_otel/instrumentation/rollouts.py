@@ -14,9 +14,10 @@ import inspect
 import json
 import math
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -61,7 +62,7 @@ def _tracer() -> trace.Tracer:
 class LightningSpanProcessor(SpanProcessor):
     """Stamps the rollout identity on every span started inside a rollout."""
 
-    def on_start(self, span, parent_context=None) -> None:  # noqa: ANN001 - SDK signature
+    def on_start(self, span, parent_context=None) -> None:
         current = context_api.get_value(_ROLLOUT_KEY, parent_context)
         if current is not None:
             span.set_attributes(current._attributes)  # set_attributes copies

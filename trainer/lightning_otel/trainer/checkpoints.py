@@ -3,8 +3,9 @@
 A run: take the lock -> recover -> load the latest checkpoint (model, optimizer, step) and the
 ledger of trained rollouts -> make sure the servers serve that checkpoint -> select rollouts not in
 the ledger (complete: rewarded, and quiet for `min_age_s`) -> one update -> commit a checkpoint ->
-swap it in and probe it -> retention -> exit. Exit codes: 0 done or nothing to do, 1 failed (the
-servers keep the previous weights), 3 another run holds the lock.
+swap it in and probe it -> retention -> exit. Exit codes: 0 done, nothing to do, or a step skipped
+(its rollouts excluded, see below), 1 failed (the servers keep the previous weights), 3 another run
+holds the lock.
 
 Exactly once: a checkpoint directory holds the model, the optimizer, the step and the ids of the
 rollouts that step trained on, written under a temporary name and renamed into place: the rename
@@ -12,12 +13,17 @@ commits the update and its rollouts together. The ledger is the union of every c
 ids (kept in ledger/ when a checkpoint is retired). A crash before the rename loses the update and
 the rollouts stay untrained; after it, a rerun finds the checkpoint and only swaps it in. A
 checkpoint the probe rejects moves to rejected/: its rollouts return to the pool.
+
+Excluded for good: rollouts no run can train on (a non-finite reward, no trainable call or token, a
+non-finite gradient) are written to excluded/ (rollout id, cause, reason; one Parquet file per run,
+renamed into place) and selection leaves them out like trained ones, so a scheduled run never loops
+on them. A rollout is in at most one of the two ledgers: only a run that commits nothing excludes the
+rollouts of its batch.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -28,9 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-
 log = logging.getLogger(__name__)
-FAULT_ENV = "LIGHTNING_OTEL_FAULT"  # tests: crash here (after_load, mid_step, after_checkpoint, after_swap)
 
 
 class LockHeld(RuntimeError):
@@ -39,12 +43,6 @@ class LockHeld(RuntimeError):
 
 class JobFailed(RuntimeError):
     pass
-
-
-def fault(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
-        log.error("fault injected at %s", point)
-        os._exit(86)
 
 
 @contextmanager
@@ -64,19 +62,22 @@ def run_lock(state_dir: Path):
 
 
 class CheckpointStore:
-    """checkpoints/step-NNNNNN/{model|adapter, optimizer.pt, state.json, rollouts.parquet}, ledger/."""
+    """checkpoints/step-NNNNNN/{model|adapter, optimizer.pt, state.json, rollouts.parquet}, ledger/, excluded/."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.checkpoints = root / "checkpoints"
         self.ledger_dir = root / "ledger"
-        for path in (self.checkpoints, self.ledger_dir, root / "rejected"):
+        self.excluded_dir = root / "excluded"
+        for path in (self.checkpoints, self.ledger_dir, self.excluded_dir, root / "rejected"):
             path.mkdir(parents=True, exist_ok=True)
 
     def recover(self) -> None:
         """Drop uncommitted work (temporary directories): a crash before a commit left it."""
         for tmp in self.checkpoints.glob(".tmp-*"):
             shutil.rmtree(tmp, ignore_errors=True)
+        for tmp in self.excluded_dir.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
 
     def committed(self) -> list[Path]:
         return sorted(p for p in self.checkpoints.glob("step-*") if (p / "state.json").exists())
@@ -90,7 +91,39 @@ class CheckpointStore:
         tables = [pq.read_table(f) for f in files if f.exists()]
         return pa.concat_tables(tables) if tables else pa.table({"rollout_id": pa.array([], pa.string())})
 
-    def commit(self, step: int, write) -> Path:  # noqa: ANN001 - write(tmp_dir)
+    def excluded(self) -> pa.Table:
+        """Every rollout excluded for good: rollout_id, cause, reason."""
+        tables = [pq.read_table(f) for f in sorted(self.excluded_dir.glob("*.parquet"))]
+        empty = pa.table({name: pa.array([], pa.string()) for name in ("rollout_id", "cause", "reason")})
+        return pa.concat_tables(tables) if tables else empty
+
+    def untrainable_ids(self) -> pa.Table:
+        """Rollouts a run must not select: trained (the ledger) or excluded for good."""
+        return pa.concat_tables([self.trained_ids(), self.excluded().select(["rollout_id"])])
+
+    def exclude(self, exclusions: dict[str, tuple[str, str]]) -> None:
+        """Record rollout id -> (cause, reason) in excluded/, atomically (written, synced, renamed)."""
+        if not exclusions:
+            return
+        ids = sorted(exclusions)
+        table = pa.table(
+            {
+                "rollout_id": pa.array(ids, pa.string()),
+                "cause": [exclusions[i][0] for i in ids],
+                "reason": [exclusions[i][1] for i in ids],
+            }
+        )
+        name = f"{time.time_ns()}-{os.getpid()}.parquet"
+        tmp = self.excluded_dir / f".{name}.tmp"  # not *.parquet: never read half-written
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.excluded_dir / name)
+        fd = os.open(self.excluded_dir, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+    def commit(self, step: int, write) -> Path:
         tmp = self.checkpoints / f".tmp-step-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()

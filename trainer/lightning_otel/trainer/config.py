@@ -6,16 +6,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lightning_otel.core.flags import setting
+from lightning_otel.core.otlp import ENDPOINT_HELP
+
 
 @dataclass
 class UpdateConfig:
     learning_rate: float = 1e-4
     eps_low: float = 0.2
     eps_high: float = 0.28
+    log_ratio_clamp: float = 20.0  # |logp_theta - logp_old| clamped before exp (verl's 20); inf: off
+    dual_clip: float = 3.0  # A < 0: the loss is at most c * |A| (verl's clip_ratio_c = 3); inf: off
+    behaviour_logprob_floor: float = -50.0  # lower behaviour logprobs are masked out of the loss (input_hygiene.py)
     scale_by_std: bool = True  # z-score advantages within a task (False: mean-only, Dr. GRPO)
     advantage_level: str = "rollout"  # or "sample" (ablation)
     normalization: str = "rollout"  # "rollout" | "sample" | "batch_token" | "fixed_length"
-    fixed_length: int | None = None  # L for fixed_length (default: the longest sample's generated tokens)
+    fixed_length: int | None = None  # L for fixed_length, a constant (TRL: max_completion_length); required there
     tis_cap: float | None = None  # truncated importance sampling against the trainer's own old logprobs
     kl_coef: float = 0.0  # weight of the k3 KL to a frozen reference model
     layout: str = "shared_prefix"  # "sorted" | "packed" | "shared_prefix" (layout.py)
@@ -27,7 +33,7 @@ class UpdateConfig:
 @dataclass
 class StoreSection:
     data_dir: str = "./lightning-data"  # the collector's data directory
-    otlp_endpoint: str | None = None  # where training metrics go (default: the OTEL_* variables, else local)
+    otlp_endpoint: str | None = setting(None, ENDPOINT_HELP, aliases=("--otlp-endpoint",))  # as the gateway's
 
 
 @dataclass
@@ -86,7 +92,7 @@ _SECTIONS = {
 }
 
 
-def add_flags(parser) -> None:  # noqa: ANN001 - argparse parser
+def add_flags(parser) -> None:
     """--config FILE, and one flag per option: --<section>-<option> (lists comma-separated); a flag
     given overrides the file, a flag not given leaves it alone."""
     from lightning_otel.core.flags import add_flags as add_settings_flags

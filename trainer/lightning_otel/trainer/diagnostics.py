@@ -1,6 +1,8 @@
 """Merge diagnostics: one record per boundary between consecutive calls of a chain, merged or not,
-with the classified cause of each failure (retokenization.py). Published as spans, so they are
-queryable by SQL next to the traces (the collector's `merge_diagnostics` view)."""
+with the classified cause of each failure (retokenization.py). Input diagnostics: one record per call
+whose tokens input hygiene masked, and per rollout left out of training for good. Both are published
+as spans, so they are queryable by SQL next to the traces (the collector's `merge_diagnostics` and
+`input_diagnostics` views)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pyarrow as pa
 from opentelemetry import trace
 
 from lightning_otel.core import schema
+from lightning_otel.trainer.input_hygiene import MaskedCall
 from lightning_otel.trainer.retokenization import classify
 
 
@@ -27,7 +30,7 @@ class BoundaryRecord:
     detail: str | None = None
 
 
-def diagnose(batch, tokenizer=None) -> list[BoundaryRecord]:  # noqa: ANN001 - update.Batch
+def diagnose(batch, tokenizer=None) -> list[BoundaryRecord]:
     """Classify every failed boundary of a batch (the tokenizer enables the text-level causes)."""
     records = []
     for boundary in batch.boundaries:
@@ -84,3 +87,37 @@ def publish(records: list[BoundaryRecord], tracer: trace.Tracer | None = None) -
         tracer.start_span(
             schema.SPAN_MERGE_BOUNDARY, context=trace.set_span_in_context(trace.INVALID_SPAN), attributes=attributes
         ).end()
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    rollout_id: str
+    cause: str
+    detail: str
+    span_id: str | None = None  # the call whose tokens were masked
+    tokens: int | None = None  # tokens masked out of the loss
+    excluded: bool = False  # the whole rollout left out of training for good
+
+
+def input_records(masked_calls: list[MaskedCall], exclusions: dict[str, tuple[str, str]]) -> list[InputRecord]:
+    """Records for masked calls, and for excluded rollouts given as rollout id -> (cause, reason)."""
+    records = [InputRecord(m.rollout_id, m.cause, m.detail, m.span_id, m.tokens) for m in masked_calls]
+    return records + [InputRecord(rid, cause, reason, excluded=True) for rid, (cause, reason) in exclusions.items()]
+
+
+def publish_inputs(records: list[InputRecord], tracer: trace.Tracer | None = None) -> None:
+    """One `input_diagnostic` span per record, through the process's OpenTelemetry pipeline."""
+    tracer = tracer or trace.get_tracer("lightning_otel.trainer")
+    for record in records:
+        attributes = {
+            schema.INPUT_ROLLOUT: record.rollout_id,
+            schema.INPUT_CAUSE: record.cause,
+            schema.INPUT_DETAIL: record.detail,
+            schema.INPUT_EXCLUDED: record.excluded,
+        }
+        if record.span_id is not None:
+            attributes[schema.INPUT_SPAN] = record.span_id
+        if record.tokens is not None:
+            attributes[schema.INPUT_TOKENS] = record.tokens
+        context = trace.set_span_in_context(trace.INVALID_SPAN)  # a root span: not part of any trace
+        tracer.start_span(schema.SPAN_INPUT_DIAGNOSTIC, context=context, attributes=attributes).end()

@@ -4,7 +4,7 @@ trainer's model: does the server now compute what the trainer computes?"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -43,7 +43,7 @@ class Row:
     masked: bool = False  # needs an explicit attention mask
 
 
-def _common_prefix(samples, indices: list[int]) -> int:  # noqa: ANN001
+def _common_prefix(samples, indices: list[int]) -> int:
     """Longest prefix shared by all the samples' tokens and never generated in any of them."""
     first = samples[indices[0]]
     length = min(len(samples[i].token_ids) for i in indices)
@@ -56,7 +56,7 @@ def _common_prefix(samples, indices: list[int]) -> int:  # noqa: ANN001
     return length
 
 
-def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) -> list[Row]:  # noqa: ANN001
+def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) -> list[Row]:
     lengths = [len(s.token_ids) for s in samples]
     if layout == "sorted":
         return [
@@ -98,9 +98,10 @@ def plan_rows(samples, groups: list[str], layout: str, pack_length: int | None) 
 
 def row_tensors(
     samples, sample_weights, sample_advantages, rows: list[Row], device: torch.device
-) -> dict[str, torch.Tensor]:  # noqa: ANN001
+) -> dict[str, torch.Tensor]:
     """Input ids, position ids, the token each position is scored from (`source`, -1 for none),
-    behaviour logprobs, weights, advantages, generated flags, and a 4D mask when any row needs one."""
+    behaviour logprobs, weights, advantages, generated flags, the sample each loss-bearing position
+    belongs to (`sample`, -1 for none), and a 4D mask when any row needs one."""
     width = max(row.length for row in rows)
     shape = (len(rows), width)
     t = {
@@ -111,6 +112,7 @@ def row_tensors(
         "weights": torch.zeros(shape, dtype=torch.float32),
         "advantages": torch.zeros(shape, dtype=torch.float32),
         "generated": torch.zeros(shape, dtype=torch.bool),
+        "sample": torch.full(shape, -1, dtype=torch.long),
     }
     masked = any(row.masked for row in rows)
     mask = torch.zeros((len(rows), 1, width, width), dtype=torch.bool) if masked else None
@@ -136,8 +138,11 @@ def row_tensors(
                 t["weights"][r, cols] = torch.from_numpy(
                     np.asarray(sample_weights[segment.sample][segment.start : end], dtype=np.float32)
                 )
-                t["advantages"][r, cols] = sample_advantages[segment.sample]
+                # via float64: an advantage past float32's range becomes inf (the update then refuses the
+                # step, update.NonFiniteUpdate) instead of an error here
+                t["advantages"][r, cols] = torch.tensor(sample_advantages[segment.sample], dtype=torch.float64).float()
                 t["generated"][r, cols] = torch.from_numpy(np.asarray(sample.loss_mask[segment.start : end]) > 0)
+                t["sample"][r, cols] = segment.sample
             if mask is not None:
                 mask[r, 0, cols, cols] = torch.tril(torch.ones(n, n, dtype=torch.bool))
                 if segment.parent is not None:
@@ -154,7 +159,7 @@ def row_tensors(
     return out
 
 
-def scored_logprobs(model: torch.nn.Module, t: dict[str, torch.Tensor], with_entropy: bool = False):  # noqa: ANN201
+def scored_logprobs(model: torch.nn.Module, t: dict[str, torch.Tensor], with_entropy: bool = False):
     """log p(token at each position | what it attends to), scored from `source` positions (0 where
     there is none), and optionally the entropy of each scoring distribution (no gradient).
     use_cache=False matters: with a cache object transformers skips packed-sequence masks."""

@@ -14,8 +14,8 @@ boundary.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -35,6 +35,7 @@ class LLMCall:
     logprobs: np.ndarray  # behaviour logprob of each completion id
     policy_version: str | None = None
     reconstructed: bool = False  # ids rebuilt from messages, not recorded from vLLM
+    masked: np.ndarray | None = None  # completion tokens kept out of the loss (input_hygiene.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", as_ids(self.prompt_ids))
@@ -43,6 +44,12 @@ class LLMCall:
         if len(self.logprobs) != len(self.completion_ids):
             raise ValueError(
                 f"call {self.span_id}: {len(self.logprobs)} logprobs for {len(self.completion_ids)} completion ids"
+            )
+        if self.masked is not None:
+            object.__setattr__(self, "masked", np.asarray(self.masked, dtype=bool))
+        if self.masked is not None and len(self.masked) != len(self.completion_ids):
+            raise ValueError(
+                f"call {self.span_id}: a mask of {len(self.masked)} for {len(self.completion_ids)} completion ids"
             )
 
     @property
@@ -79,7 +86,7 @@ class Boundary:
 def first_divergence(prev: LLMCall, next_prompt: np.ndarray) -> int | None:
     """Index of the first token where next_prompt differs from prev's prompt + completion, or
     None when next_prompt starts with all of it (the merge condition)."""
-    p, c = len(prev.prompt_ids), len(prev.completion_ids)
+    p = len(prev.prompt_ids)
     for start, part in ((0, prev.prompt_ids), (p, prev.completion_ids)):
         window = next_prompt[start : start + len(part)]
         # bytes equality is a memcmp: several times faster than numpy's elementwise ==, then .all()
@@ -104,9 +111,12 @@ def _build(calls: list[LLMCall]) -> Sample:
     mask = np.zeros(len(tokens), dtype=np.int8)
     logprobs = np.zeros(len(tokens), dtype=np.float64)
     for call in calls:
-        start = len(call.prompt_ids)
-        mask[start : start + len(call.completion_ids)] = 1
-        logprobs[start : start + len(call.completion_ids)] = call.logprobs
+        span = slice(len(call.prompt_ids), len(call.prompt_ids) + len(call.completion_ids))
+        mask[span] = 1
+        logprobs[span] = call.logprobs
+        if call.masked is not None:  # unusable behaviour logprobs: no loss there (a finite 0.0 in their place)
+            mask[span][call.masked] = 0
+            logprobs[span][call.masked] = 0.0
     return Sample(tokens, mask, logprobs, [c.span_id for c in calls], [c.policy_version for c in calls])
 
 

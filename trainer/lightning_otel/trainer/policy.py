@@ -1,34 +1,22 @@
-"""One RL step on stored traces, read top to bottom.
-
-Algorithm (what runs, exactly):
- 1. Select rollouts by SQL over the collector's `rollouts` view (`where`); rebuild each from
-    its span tree; order its LLM calls causally (rollout_data.py).
- 2. Merge each rollout's calls into samples by the exact token-prefix rule; a failed prefix
-    check starts a new sample; only generated tokens carry loss (merge.py).
- 3. GRPO advantage per *rollout*, normalized within its task id; every sample and token of a
-    rollout shares it (objective.group_advantages).
- 4. PPO-clip surrogate against the behaviour logprobs vLLM returned at sampling time, with
-    rollout-level token-mean normalization: each rollout weighs 1/R whatever its number of
-    samples (objective.rollout_token_weights).
- 5. One AdamW step (gradient accumulated over micro-batches; grad-norm clipped).
- 6. Save the weights and hot-swap them into vLLM, validated, with rollback (hotswap.py).
-
-How it departs from textbook GRPO: advantages and normalization are per rollout, not per
-sample (a rollout split into 3 samples weighs the same as one kept whole); the ratio's
-denominator is the sampler's own logprob (no recomputation), so off-policy drift between
-vLLM and the trainer is corrected by the ratio; no KL term; one gradient step per batch.
-"""
+"""The trainable policy: the model (full weights, or LoRA adapters), its optimizer, an optional frozen
+reference for the KL term, and its checkpoints. `train_on` is one update (training_run.py's steps
+3-5: build the batch, the objective's loss, one optimizer step); the algorithm is stated once, in
+training_run.py (the run) and objective.py (the math)."""
 
 from __future__ import annotations
 
-import shutil
+import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from transformers import AutoModelForCausalLM
 
+from lightning_otel.trainer.checkpoints import CheckpointStore
 from lightning_otel.trainer.hotswap import SwapReport, VLLMAdmin, hot_swap
 from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, select_rollouts
 from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, policy_update
@@ -48,7 +36,7 @@ class StepResult:
 
 class PolicyTrainer:
     """The trainable model (full weights, or LoRA adapters with `lora`), its optimizer, an optional
-    frozen reference for the KL term, and where its weight versions are saved."""
+    frozen reference for the KL term; checkpoints go to a CheckpointStore under `workdir`."""
 
     def __init__(
         self,
@@ -58,7 +46,7 @@ class PolicyTrainer:
         keep: int = 2,
         lora=None,
         dtype: torch.dtype = torch.float32,
-        device: str | None = None,  # noqa: ANN001
+        device: str | None = None,
         gradient_checkpointing: bool = False,
     ):
         self.config = config or UpdateConfig()
@@ -76,7 +64,7 @@ class PolicyTrainer:
             self.model = get_peft_model(self.model, lora)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=self.config.learning_rate, weight_decay=0.0)
-        self.weights_root = Path(workdir) / "weights"
+        self.store = CheckpointStore(Path(workdir))
         self.keep = keep
         self.version = 0
         self.serving_dir = Path(model_dir)  # the weights the server serves now: the rollback target
@@ -100,20 +88,30 @@ class PolicyTrainer:
         self.version += 1
         return StepResult(selection, batch, metrics)
 
-    def save_weights(self) -> Path:
-        """Write the current weights as `weights/v<version>` (safetensors + config); keep the newest few."""
-        out = self.weights_root / f"v{self.version}"
-        model = self.model
-        if hasattr(model, "merge_and_unload"):  # LoRA: a full-weight swap needs the merged weights
-            import copy
+    def write_checkpoint(self, folder: Path, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> None:
+        """One checkpoint's files: `model/` (LoRA merged in) or, with `adapter_only`, `adapter/` (for
+        LoRA swaps); `optimizer.pt`; `state.json`; `rollouts.parquet` (the rollouts this step trained on)."""
+        if adapter_only:
+            self.model.save_pretrained(folder / "adapter", safe_serialization=True)
+        else:
+            model = self.model
+            if hasattr(model, "merge_and_unload"):  # LoRA: a full-weight swap needs the merged weights
+                import copy
 
-            model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(out, safe_serialization=True)
-        old = sorted(self.weights_root.glob("v*"), key=lambda p: int(p.name[1:]))[: -self.keep]
-        for path in old:
-            if path != self.serving_dir:
-                shutil.rmtree(path, ignore_errors=True)
-        return out
+                model = copy.deepcopy(model).merge_and_unload()
+            model.save_pretrained(folder / "model", safe_serialization=True)
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        ids = list(rollout_ids or [])
+        pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), folder / "rollouts.parquet")
+        state = {"step": self.version, "version": str(self.version), "rollouts": len(ids), "created": time.time()}
+        (folder / "state.json").write_text(json.dumps(state))
+
+    def save_weights(self) -> Path:
+        """Commit the current weights as this version's checkpoint (keeping the newest `keep`); returns
+        its model folder, which vLLM loads."""
+        checkpoint = self.store.commit(self.version, self.write_checkpoint)
+        self.store.retire(self.keep)
+        return checkpoint / "model"
 
     def swap_into(self, admin: VLLMAdmin) -> SwapReport:
         """Save the current weights and hot-swap them in as version str(self.version)."""

@@ -32,7 +32,7 @@ def recorded_messages(attributes: dict) -> list[dict]:
     return messages
 
 
-def reconstruct_call(span_id: str, attributes: dict, tokenizer, policy_version: str | None = None) -> LLMCall | None:  # noqa: ANN001
+def reconstruct_call(span_id: str, attributes: dict, tokenizer, policy_version: str | None = None) -> LLMCall | None:
     """The call rebuilt from its recorded messages, or None when they were not recorded (or redacted)."""
     messages = recorded_messages(attributes)
     output = attributes.get(_OUTPUT)

@@ -51,7 +51,7 @@ def _message_starts(ids: np.ndarray, start_id: int | None) -> np.ndarray:
     return np.flatnonzero(ids == start_id) if start_id is not None else np.array([], dtype=np.int64)
 
 
-def classify(prev: LLMCall, next_prompt: np.ndarray, position: int, tokenizer=None) -> Diagnosis:  # noqa: ANN001
+def classify(prev: LLMCall, next_prompt: np.ndarray, position: int, tokenizer=None) -> Diagnosis:
     """The cause of a failed boundary at `position` (see module docstring)."""
     p, c = len(prev.prompt_ids), len(prev.completion_ids)
     if position >= len(next_prompt) and position < p + c:
@@ -74,7 +74,7 @@ def classify(prev: LLMCall, next_prompt: np.ndarray, position: int, tokenizer=No
     return _compare_completion_text(prev, next_prompt, tokenizer, position, region)
 
 
-def _role_start_id(tokenizer) -> int | None:  # noqa: ANN001
+def _role_start_id(tokenizer) -> int | None:
     """The token that opens a chat message (ChatML's <|im_start|>), if the tokenizer has one."""
     if tokenizer is None:
         return None
@@ -87,7 +87,7 @@ def _role_start_id(tokenizer) -> int | None:  # noqa: ANN001
 
 def _compare_completion_text(
     prev: LLMCall, next_prompt: np.ndarray, tokenizer, position: int, region: str
-) -> Diagnosis:  # noqa: ANN001
+) -> Diagnosis:
     p = len(prev.prompt_ids)
     special = set(tokenizer.all_special_ids)
     # The previous completion as the model produced it, and the stretch of the next prompt that

@@ -35,6 +35,17 @@ from lightning_otel.trainer.merge import LLMCall, first_divergence
 
 log = logging.getLogger(__name__)
 
+# Why select_rollouts excludes a rollout (Selection.excluded's values start with one of these).
+NO_REWARD = "no reward"
+NON_FINITE_REWARD = "non-finite reward"
+NO_TRAINABLE_CALL = "no LLM call with token ids and logprobs"
+_CAUSES = {NO_REWARD: "no_reward", NON_FINITE_REWARD: "non_finite_reward", NO_TRAINABLE_CALL: "no_trainable_call"}
+
+
+def exclusion_cause(reason: str) -> str:
+    """The cause name (input_diagnostics.cause) of one of Selection.excluded's reasons."""
+    return next((cause for prefix, cause in _CAUSES.items() if reason.startswith(prefix)), "other")
+
 
 @dataclass
 class SelectionConfig:
@@ -126,7 +137,7 @@ def selection_sql(config: SelectionConfig) -> str:
 _WRAPPERS = "SELECT DISTINCT span_id FROM llm_spans WHERE is_wrapper AND rollout_id IN ({ids})"
 
 
-def _list_views(column: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:  # noqa: ANN001
+def _list_views(column: pa.ChunkedArray, dtype) -> list[np.ndarray | None]:
     """Per-row numpy views into a list column's flat values, chunk by chunk: no copy of the data,
     no per-element Python objects."""
     views: list[np.ndarray | None] = []
@@ -143,7 +154,11 @@ def select_rollouts(
 ) -> Selection:
     """Rollouts matching the selection, rebuilt into chains of calls ready to merge."""
     config = config or SelectionConfig(where=where)
-    table = conn.sql(selection_sql(config)).to_arrow_table()
+    return rollouts_from_table(conn, conn.sql(selection_sql(config)).to_arrow_table(), config)
+
+
+def rollouts_from_table(conn: duckdb.DuckDBPyConnection, table: pa.Table, config: SelectionConfig) -> Selection:
+    """select_rollouts once its SQL has been read (`table`); `conn` answers one small query for wrapper spans."""
     prompts = _list_views(table.column("prompt_token_ids"), np.int32)
     completions = _list_views(table.column("completion_token_ids"), np.int32)
     logprobs = _list_views(table.column("completion_logprobs"), np.float64)
@@ -182,10 +197,10 @@ def select_rollouts(
         first = rows[0]
         reward = scalars["reward"][first]
         if reward is None:
-            excluded[rollout_id] = "no reward"
+            excluded[rollout_id] = NO_REWARD
             continue
         if not math.isfinite(reward):
-            excluded[rollout_id] = f"non-finite reward {reward}"
+            excluded[rollout_id] = f"{NON_FINITE_REWARD} {reward}"
             continue
         record = RolloutRecord(rollout_id=rollout_id, task_id=scalars["task_id"][first], reward=float(reward))
         spans = [_SpanRow(i, scalars) for i in rows]
@@ -201,7 +216,7 @@ def select_rollouts(
         for scope_calls in calls_by_scope.values():
             record.chains.extend(_chains(scope_calls))
         if not record.chains:
-            excluded[rollout_id] = "no LLM call with token ids and logprobs"
+            excluded[rollout_id] = NO_TRAINABLE_CALL
             continue
         rollouts.append(record)
     return Selection(rollouts=rollouts, excluded=excluded)
@@ -257,7 +272,7 @@ def _call(
     completions,
     logprobs,
     attributes,
-    config: SelectionConfig,  # noqa: ANN001
+    config: SelectionConfig,
     record: RolloutRecord,
 ) -> LLMCall | None:
     i = span.index

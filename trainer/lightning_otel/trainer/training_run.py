@@ -1,11 +1,34 @@
-"""One run of the scheduled training job (job.py has the config, the lock and the checkpoint store).
+"""One run of the scheduled training job: the training algorithm, stated once, in the order it runs.
+objective.py holds the math (advantages, the clipped surrogate, the token weights).
 
-Read top to bottom: lock, recover, load, make the servers serve the latest checkpoint, select,
-update, commit, swap + probe, retire, report. `fault(...)` marks the points the crash tests kill at.
+ 1. Select (rollout_data.py): SQL over the collector's `rollouts` view picks rewarded rollouts, quiet
+    for `min_age_s`, not trained on or excluded before; each is rebuilt from its span tree into
+    chains of LLM calls that did not overlap in time.
+ 2. Build (update.build_batch): generated tokens whose behaviour logprob is NaN, infinite or below
+    the floor are masked (input_hygiene.py); each chain's calls merge into samples by the exact
+    token-prefix rule (merge.py); GRPO advantage per rollout within its task; per-token weights
+    1 / (R * T_r), fixed for the whole batch before it is cut into micro-batches or shared out.
+ 3. Update (update.policy_update): the PPO-clip surrogate against vLLM's behaviour logprobs,
+    log-ratio clamped and dual-clipped; gradients accumulated over micro-batches (and summed across
+    torchrun ranks); one AdamW step, or none when the loss or gradient norm is not finite.
+ 4. Checkpoint (checkpoints.py): model or adapter, optimizer, step and the rollout ids it trained on,
+    renamed into place together: the commit of exactly-once.
+ 5. Swap: every replica (through the gateway when there is one) loads it, validated and finite,
+    with rollback.
+ 6. Probe: each replica's logprobs on a fixed prompt must match the trainer's; else the servers go
+    back to the previous checkpoint and this one is rejected (its rollouts return to the pool).
 
-Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update (rows are
-sharded, gradients all-reduced: update.policy_update); rank 0 alone holds the lock, selects (and
-broadcasts the selection, so all ranks train on the same rollouts), checkpoints, swaps and reports.
+Around them: the lock, recovery of what a crash left, a catch-up swap when the servers do not serve
+the latest commit, retention, and a report (train_step, merge and input diagnostic spans).
+`on_stage(name)`, if given, is called as each stage ends.
+
+Poison is never committed: rollouts no run can train on go to the excluded ledger as soon as they
+are found; a step whose loss or gradient is not finite is skipped (status "skipped: non-finite
+gradient") and its rollouts excluded; a step that left a non-finite weight fails the run before
+anything is committed; every swap path refuses a checkpoint holding a NaN or an infinity.
+
+Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update; rank 0
+alone holds the lock, selects (and broadcasts the selection), checkpoints, swaps and reports.
 """
 
 from __future__ import annotations
@@ -18,24 +41,24 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
 from lightning_otel.collector import connect
-from lightning_otel.core.gateway_client import GatewayAdminClient
-from lightning_otel.core.vllm_admin import server_root
 from lightning_otel.core import schema
-from lightning_otel.trainer.diagnostics import diagnose, publish
-from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
+from lightning_otel.core.gateway_client import GatewayAdminClient
+from lightning_otel.core.vllm_admin import require_finite, server_root
+from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.config import TrainConfig
-from lightning_otel.trainer.checkpoints import FAULT_ENV, CheckpointStore, JobFailed, fault, run_lock
+from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
+from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
-from lightning_otel.trainer.rollout_data import SelectionConfig, select_rollouts
+from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
+from lightning_otel.trainer.update import UntrainableBatch
 
 log = logging.getLogger(__name__)
 PROBE_TEXT = "What is 2 + 3? Answer with the number."
@@ -43,7 +66,7 @@ PROBE_TEXT = "What is 2 + 3? Answer with the number."
 
 @dataclass
 class RunSummary:
-    status: str  # "trained", "nothing to do"
+    status: str  # "trained", "nothing to do", "skipped: non-finite gradient", "skipped: no trainable token"
     step: int | None = None
     version: str | None = None
     rollouts: int = 0
@@ -53,6 +76,7 @@ class RunSummary:
     swap_seconds: float | None = None
     samples_histogram: list[int] = field(default_factory=list)  # element k: rollouts that became k + 1 samples
     excluded: dict[str, str] = field(default_factory=dict)
+    at_fault: list[str] = field(default_factory=list)  # a skipped step's rollouts, now excluded for good
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def table(self) -> str:
@@ -67,6 +91,10 @@ class RunSummary:
             ("swap seconds", _fmt(self.swap_seconds)),
             ("rollouts excluded", len(self.excluded)),
         ]
+        if self.at_fault:
+            rows.append(
+                ("rollouts at fault", ", ".join(self.at_fault[:5]) + (" ..." if len(self.at_fault) > 5 else ""))
+            )
         rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
         return "\n".join(f"{name:<20} {value}" for name, value in rows)
 
@@ -75,14 +103,22 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-@contextlib.contextmanager
-def _stage(summary: RunSummary, name: str, progress: bool):  # noqa: ANN202
-    """Time a stage into the summary; with progress on, say what runs now on stderr."""
-    if progress:
-        print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
-    began = time.perf_counter()
-    yield
-    summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
+class _Stages:
+    """Times each stage into the summary; with progress on, says what runs now on stderr; calls
+    `on_stage(name)` as a stage ends."""
+
+    def __init__(self, summary: RunSummary, progress: bool, on_stage: Callable[[str], None] | None) -> None:
+        self.summary, self.progress, self.on_stage = summary, progress, on_stage
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        if self.progress:
+            print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
+        began = time.perf_counter()
+        yield
+        self.summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
+        if self.on_stage is not None:
+            self.on_stage(name)
 
 
 def _weights(checkpoint: Path | None, config: TrainConfig) -> Path:
@@ -106,7 +142,7 @@ def _distributed() -> tuple[int, str | None]:
     return dist.get_rank(), device
 
 
-def _everyone(rank: int, value):  # noqa: ANN001, ANN202
+def _everyone(rank: int, value):
     """Rank 0's value on every rank (identity without a process group)."""
     if not dist.is_initialized():
         return value
@@ -143,11 +179,14 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
             set_peft_model_state_dict(trainer.model, load_file(str(latest / "adapter" / "adapter_model.safetensors")))
         trainer.optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
         trainer.version = int(_version(latest))
+    if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
+        # Every loss would be NaN and every batch excluded as "at fault": refuse the model instead.
+        raise JobFailed(f"the model loaded from {latest or model_dir} holds non-finite weights")
     return trainer
 
 
 @functools.lru_cache(maxsize=1)
-def _tokenizer(model_dir: str):  # noqa: ANN202 - a transformers tokenizer
+def _tokenizer(model_dir: str):
     """The policy's tokenizer, loaded once per run (probes and the merge diagnosis share it)."""
     from transformers import AutoTokenizer
 
@@ -175,7 +214,7 @@ def _served_versions(config: TrainConfig) -> set[str | None]:
     if config.model.lora_rank:
         versions = set()
         for replica in config.server.replicas:
-            with urllib.request.urlopen(server_root(replica) + "/v1/models", timeout=30) as reply:  # noqa: S310
+            with urllib.request.urlopen(server_root(replica) + "/v1/models", timeout=30) as reply:
                 names = [m["id"] for m in json.loads(reply.read())["data"]]
             prefix = config.model.served_model_name + "@"
             loaded = [n[len(prefix) :] for n in names if n.startswith(prefix)]
@@ -194,6 +233,8 @@ def _swap(config: TrainConfig, weights: Path, version: str, rollback: Path) -> f
         else:
             gateway.swap_full(weights, version, rollback)
     else:
+        if config.model.lora_rank:
+            require_finite(weights)  # hot_swap checks full weights; an adapter is checked here
         for replica in config.server.replicas:
             admin = VLLMAdmin(replica)
             if config.model.lora_rank:
@@ -211,24 +252,22 @@ def _probe(config: TrainConfig, trainer: PolicyTrainer, version: str) -> None:
             raise JobFailed(f"{replica} serves logprobs {diff:.2e} away from the trainer's for version {version}")
 
 
-def _write_checkpoint(tmp: Path, trainer: PolicyTrainer, result: StepResult, config: TrainConfig) -> None:
-    if config.model.lora_rank:
-        trainer.model.save_pretrained(tmp / "adapter", safe_serialization=True)
-    else:
-        trainer.model.save_pretrained(tmp / "model", safe_serialization=True)
-    torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
-    ids = [r.rollout_id for r in result.selection.rollouts]
-    pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), tmp / "rollouts.parquet")
-    state = {"step": trainer.version, "version": str(trainer.version), "rollouts": len(ids), "created": time.time()}
-    (tmp / "state.json").write_text(json.dumps(state))
-
-
-def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:
-    """A train_step span and the merge diagnostics, into the same store as the traces."""
+def _report(
+    config: TrainConfig, inputs: list[InputRecord], step: tuple[PolicyTrainer, StepResult, float] | None = None
+) -> None:
+    """The input diagnostics, and for a committed step (trainer, result, swap seconds) a train_step
+    span and the merge diagnostics, into the same store as the traces."""
     from lightning_otel.core.otlp import server_tracer_provider
 
     provider = server_tracer_provider("lightning-trainer", config.store.otlp_endpoint)
     tracer = provider.get_tracer("lightning_otel.trainer")
+    publish_inputs(inputs, tracer)
+    if step is not None:
+        _report_step(tracer, config, *step)
+    provider.shutdown()
+
+
+def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:
     # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
     records = diagnose(result.batch, _tokenizer(config.model.base))
     metrics = result.metrics
@@ -246,21 +285,15 @@ def _report(config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swa
         schema.TRAIN_SWAP_SECONDS: swap_seconds,
         schema.TRAIN_MERGE_RATE: sum(r.merged for r in records) / len(records) if records else 1.0,
         schema.TRAIN_SAMPLES_PER_ROLLOUT: result.batch.samples_per_rollout_histogram(),
+        schema.TRAIN_MASKED_CALLS: len(result.batch.masked_calls),
+        schema.TRAIN_MASKED_TOKENS: sum(m.tokens for m in result.batch.masked_calls),
     }
     tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
     publish(records, tracer)
-    provider.shutdown()
+    publish_inputs(input_records(result.batch.masked_calls, {}), tracer)
 
 
-def _corrupt(weights: Path) -> None:
-    from safetensors.torch import load_file, save_file
-
-    for path in weights.glob("*.safetensors"):
-        tensors = {name: tensor + 0.5 * torch.randn_like(tensor) for name, tensor in load_file(str(path)).items()}
-        save_file(tensors, str(path), metadata={"format": "pt"})
-
-
-def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
+def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[str], None] | None = None) -> RunSummary:
     """One scheduled run; `progress` prints stages and a micro-batch progress bar on stderr."""
     if config.server.weight_push not in ("files", "nccl"):
         raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
@@ -273,9 +306,10 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
     progress = progress and lead
     state_dir = Path(config.checkpoints.dir)
     summary = RunSummary("nothing to do")
+    stages = _Stages(summary, progress, on_stage)
     with run_lock(state_dir) if lead else contextlib.nullcontext():
         store = CheckpointStore(state_dir)
-        with _stage(summary, "load model", progress):
+        with stages("load model"):
             if lead:
                 store.recover()
             latest = _everyone(rank, store.latest())
@@ -283,17 +317,17 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
             trainer = _load_trainer(config, latest, device)
         if lead and latest is not None and _served_versions(config) != {_version(latest)}:
             log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)  # a crash after commit
-            with _stage(summary, "catch-up swap", progress):
+            with stages("catch-up swap"):
                 _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
                 _probe(config, trainer, _version(latest))
         if lead:
             store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
 
-        selection = None
+        selection, inputs = None, []
         if lead:
-            with _stage(summary, "select rollouts", progress):
+            with stages("select rollouts"):
                 conn = connect(config.store.data_dir)
-                conn.register("lightning_trained", store.trained_ids())
+                conn.register("lightning_trained", store.untrainable_ids())
                 selection = select_rollouts(
                     conn,
                     config=SelectionConfig(
@@ -304,20 +338,42 @@ def run_once(config: TrainConfig, progress: bool = False) -> RunSummary:
                         only_rewarded=True,
                     ),
                 )
-            fault("after_load")
+            # Excluded for good, so no later run selects them again (a missing reward may still come).
+            exclusions = {
+                rid: (exclusion_cause(reason), reason)
+                for rid, reason in selection.excluded.items()
+                if exclusion_cause(reason) != "no_reward"
+            }
+            store.exclude(exclusions)
+            inputs = input_records([], exclusions)
         selection = _everyone(rank, selection)
-        summary.excluded = selection.excluded
+        summary.excluded = dict(selection.excluded)
         if len(selection.rollouts) < config.selection.min_rollouts:
+            if lead and inputs:
+                _report(config, inputs)
             return summary
 
-        with _stage(summary, "update", progress):
-            result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        try:
+            with stages("update"):
+                result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        except UntrainableBatch as failed:  # nothing stepped: exclude the rollouts at fault, commit nothing
+            summary.status, summary.at_fault = f"skipped: {failed.headline}", failed.rollout_ids
+            summary.excluded.update({rid: failed.reason for rid in failed.rollout_ids})
+            if lead:
+                exclusions = {rid: (failed.cause, failed.reason) for rid in failed.rollout_ids}
+                store.exclude(exclusions)
+                _report(config, inputs + input_records([], exclusions))
+            return summary
         if not lead:
             dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
             summary.status = "trained (worker)"
             return summary
         try:
-            _commit_and_swap(config, store, trainer, result, latest, summary, progress)
+            _commit_and_swap(config, store, trainer, result, latest, summary, stages, inputs)
+        except JobFailed:
+            if inputs:  # what this run excluded is in the ledger: say so in SQL too
+                _report(config, inputs)
+            raise
         finally:
             if dist.is_initialized():
                 dist.barrier()
@@ -334,18 +390,25 @@ def _commit_and_swap(
     result: StepResult,
     latest: Path | None,
     summary: RunSummary,
-    progress: bool,
+    stages: _Stages,
+    inputs: list[InputRecord],
 ) -> None:
     """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
-    fault("mid_step")
-    with _stage(summary, "checkpoint", progress):
-        checkpoint = store.commit(trainer.version, lambda tmp: _write_checkpoint(tmp, trainer, result, config))
-    fault("after_checkpoint")
-    if os.environ.get(FAULT_ENV) == "corrupt_checkpoint":
-        _corrupt(_weights(checkpoint, config))  # tests: a loadable checkpoint with the wrong weights
+    poisoned = [name for name, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
+    if poisoned:  # finite gradients, yet the step overflowed: the configuration, not the rollouts
+        raise JobFailed(
+            f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
+            "nothing committed or swapped (check [update] learning_rate and [model] dtype)"
+        )
+    with stages("checkpoint"):
+        rollout_ids = [r.rollout_id for r in result.selection.rollouts]
+        checkpoint = store.commit(
+            trainer.version,
+            lambda tmp: trainer.write_checkpoint(tmp, rollout_ids, adapter_only=config.model.lora_rank > 0),
+        )
     version = str(trainer.version)
     try:
-        with _stage(summary, "swap + probe", progress):
+        with stages("swap + probe"):
             if config.server.weight_push == "nccl":
                 from lightning_otel.trainer.nccl_push import push_weights
 
@@ -361,14 +424,13 @@ def _commit_and_swap(
         store.reject(checkpoint)
         try:
             _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
-        except Exception as rollback_failure:  # noqa: BLE001 - report both
+        except Exception as rollback_failure:
             raise JobFailed(
                 f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}"
             ) from failure
         raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
-    fault("after_swap")
     store.retire(config.checkpoints.keep)
-    _report(config, trainer, result, swap_seconds)
+    _report(config, inputs, (trainer, result, swap_seconds))
     summary.status, summary.step, summary.version, summary.swap_seconds = (
         "trained",
         trainer.version,

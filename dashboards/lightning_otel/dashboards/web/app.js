@@ -65,7 +65,7 @@ function makeSql(S) {
     // --- training -----------------------------------------------------------------------
     trainSteps: `
       SELECT step, version, rollouts, samples, mean_reward, loss, clip_fraction, entropy, kl, grad_norm,
-             swap_seconds, merge_rate, strftime(time, ${TIME}) AS time
+             swap_seconds, merge_rate, masked_tokens, strftime(time, ${TIME}) AS time
       FROM train_steps ORDER BY step, time`,
     rewardByVersion: `
       SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward
@@ -81,6 +81,11 @@ function makeSql(S) {
     mergeCauses: `
       SELECT coalesce(cause, 'unknown') AS cause, coalesce(region, '') AS region, count(*) AS boundaries
       FROM merge_diagnostics WHERE NOT merged GROUP BY ALL ORDER BY boundaries DESC, cause`,
+    // What the trainer left out: tokens masked (bad behaviour logprobs), rollouts excluded for good.
+    inputCauses: `
+      SELECT cause, count(*) AS records, coalesce(sum(tokens), 0)::BIGINT AS tokens,
+             count(*) FILTER (WHERE excluded) AS rollouts
+      FROM input_diagnostics GROUP BY cause ORDER BY records DESC, cause`,
     failedMerges: `
       SELECT rollout_id, position, cause, region, detail, strftime(time, ${TIME}) AS time
       FROM merge_diagnostics WHERE NOT merged ORDER BY time DESC, rollout_id LIMIT 20`,

@@ -1,5 +1,6 @@
 // Training: what each optimizer step did (train_steps), reward per policy version (rollouts),
-// how rollouts became samples, and why merges failed (merge_diagnostics).
+// how rollouts became samples, why merges failed (merge_diagnostics), and what the trainer left out
+// of the loss (input_diagnostics).
 
 import { barChart, esc, fmt, html, lineChart, pct, section, table } from "./charts.js";
 
@@ -7,19 +8,25 @@ import { barChart, esc, fmt, html, lineChart, pct, section, table } from "./char
 const STEP_METRICS = [
   ["mean_reward", "mean reward"], ["loss", "loss"], ["clip_fraction", "clip fraction"], ["entropy", "entropy"],
   ["kl", "KL"], ["grad_norm", "grad norm"], ["swap_seconds", "swap seconds"], ["merge_rate", "merge rate"],
+  ["masked_tokens", "masked tokens"],
 ];
 
 export async function renderTraining(root, { sql, query }) {
-  const [steps, byVersion, histogram, [merges], causes, failed] = await Promise.all([
+  const [steps, byVersion, histogram, [merges], causes, failed, leftOut] = await Promise.all([
     query(sql.trainSteps), query(sql.rewardByVersion), query(sql.samplesPerRollout),
-    query(sql.mergeSummary), query(sql.mergeCauses), query(sql.failedMerges),
+    query(sql.mergeSummary), query(sql.mergeCauses), query(sql.failedMerges), query(sql.inputCauses),
   ]);
   const mergeRate = merges.boundaries ? merges.merged / merges.boundaries : null;
+  const maskedTokens = leftOut.reduce((sum, c) => sum + c.tokens, 0);
+  const excludedRollouts = leftOut.reduce((sum, c) => sum + c.rollouts, 0);
   root.append(html(`<div class="kpis">
     <div class="kpi"><div class="kpi-value" data-testid="train-step-count" data-value="${steps.length}">${fmt(steps.length)}</div><div class="kpi-label">train steps</div></div>
     <div class="kpi"><div class="kpi-value">${esc(steps.length ? steps[steps.length - 1].version : "—")}</div><div class="kpi-label">latest policy version</div></div>
     <div class="kpi"><div class="kpi-value" data-testid="merge-rate" data-value="${esc(mergeRate ?? "")}">${pct(mergeRate)}</div>
       <div class="kpi-label">merge rate</div><div class="kpi-note">${fmt(merges.merged)} of ${fmt(merges.boundaries)} boundaries</div></div>
+    <div class="kpi"><div class="kpi-value" data-testid="masked-tokens" data-value="${maskedTokens}">${fmt(maskedTokens)}</div>
+      <div class="kpi-label">tokens masked out of the loss</div>
+      <div class="kpi-note" data-testid="excluded-rollouts" data-value="${excludedRollouts}">${fmt(excludedRollouts)} rollouts excluded</div></div>
   </div>`));
   if (steps.length === 0) {
     root.append(html(`<p class="empty">No <code>train_step</code> spans yet: <code>lightning-otel train</code> writes one per optimizer step.</p>`));
@@ -71,6 +78,12 @@ export async function renderTraining(root, { sql, query }) {
   ]) : html(`<p class="empty">none</p>`));
   grid2.append(recent);
   root.append(grid2);
+
+  const inputs = section("Left out of training", "<code>input_diagnostics</code> by cause: calls with tokens masked (bad behaviour logprobs), rollouts excluded for good");
+  inputs.append(leftOut.length ? table(leftOut, [["cause", "cause", esc], ["records", "rows"], ["tokens", "masked tokens"],
+    ["rollouts", "rollouts excluded"]], { rowAttrs: (r) => ({ "data-cause": r.cause }), className: "left-out" })
+    : html(`<p class="empty">nothing left out</p>`));
+  root.append(inputs);
 
   const all = section("Train steps", "one row per <code>train_steps</code> row");
   all.append(table(steps, [

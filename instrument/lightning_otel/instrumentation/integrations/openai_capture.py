@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import openai
 from opentelemetry import trace
@@ -34,7 +35,7 @@ _parsed_types: tuple[type, ...] = (openai.BaseModel,)  # a whole, parsed respons
 def client_headers(client: Any) -> dict[str, str]:
     try:
         return {k: v for k, v in dict(client.default_headers).items() if isinstance(v, str)}
-    except Exception:  # noqa: BLE001 - headers are a courtesy for authenticated servers
+    except Exception:
         return {}
 
 
@@ -105,7 +106,7 @@ def safely(fn: Callable, *args: Any) -> None:
     """Recording must never break the caller's call or stream: log instead."""
     try:
         fn(*args)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("lightning_otel: could not record an OpenAI call")
 
 
@@ -122,7 +123,7 @@ def watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[Any
     if hasattr(response, "parse") and callable(response.parse):  # .with_raw_response
         try:
             parsed = response.parse()  # cached by the SDK: the caller's parse() gets this object
-        except Exception:  # noqa: BLE001 - the caller gets the response either way
+        except Exception:
             safely(on_done, None, False)
             return response
     iterator = getattr(parsed, "_iterator", None)

@@ -29,6 +29,14 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Status, StatusCode
 
+from lightning_otel.core.vllm_endpoint import (
+    CHAT,
+    COMPLETIONS,
+    StreamAccumulator,
+    endpoint_kind,
+    packed_attributes,
+    token_attributes,
+)
 from lightning_otel.instrumentation.direct_span import start_span
 from lightning_otel.instrumentation.integrations.openai_capture import NO_FIELDS, safely, stamp, token_fields, watch
 from lightning_otel.instrumentation.openinference_attributes import (
@@ -38,14 +46,6 @@ from lightning_otel.instrumentation.openinference_attributes import (
     stream_text,
 )
 from lightning_otel.instrumentation.options import Options
-from lightning_otel.core.vllm_endpoint import (
-    CHAT,
-    COMPLETIONS,
-    StreamAccumulator,
-    endpoint_kind,
-    packed_attributes,
-    token_attributes,
-)
 
 log = logging.getLogger(__name__)
 try:  # the compiled body scanner (optional at install, as the OTLP encoder); LIGHTNING_OTEL_PURE_PYTHON=1 turns it off
@@ -105,13 +105,13 @@ class _LeanCall:
         finally:
             self.span.end()  # with what could be recorded, whatever went wrong
 
-    def __enter__(self) -> "_LeanCall":
+    def __enter__(self) -> _LeanCall:
         """While the request runs: its span is the current one (and, once add_token_fields() asked
         for them, its response JSON is offered to take()); a failure ends it as an error."""
         self._token = context_api.attach(trace.set_span_in_context(self.span))
         return self
 
-    def __exit__(self, kind, exc, traceback) -> None:  # noqa: ANN001
+    def __exit__(self, kind, exc, traceback) -> None:
         if self._offered is not None:
             _taking.reset(self._offered)
         context_api.detach(self._token)
@@ -182,11 +182,11 @@ _SPAN_NAMES = {CHAT: "ChatCompletion", COMPLETIONS: "Completion"}
 _taking: ContextVar[_LeanCall | None] = ContextVar("lightning_otel_openai_taking", default=None)
 
 
-def taking_wrapper(original):  # noqa: ANN001, ANN202
+def taking_wrapper(original):
     """BaseClient._process_response_data, which turns a response's JSON into SDK objects: a lean call
     in progress in this context reads (and trims) the JSON first."""
 
-    def _process_response_data(self, *, data, cast_to, response):  # noqa: ANN001, ANN202
+    def _process_response_data(self, *, data, cast_to, response):
         call = _taking.get()
         if call is not None and type(data) is dict:
             safely(call.take, data)
@@ -196,16 +196,16 @@ def taking_wrapper(original):  # noqa: ANN001, ANN202
     return _process_response_data
 
 
-def json_wrapper(original):  # noqa: ANN001, ANN202
+def json_wrapper(original):
     """httpx's Response.json, which the SDK calls on a response body: a lean call in progress in this
     context gets the compiled scanner's cut (when it is sure of the body) instead."""
 
-    def json(self, **kwargs):  # noqa: ANN001, ANN202
+    def json(self, **kwargs):
         call = _taking.get()
         if call is not None and call.taken is None and not kwargs:
             try:
                 data = call.take_body(self.content)
-            except Exception:  # noqa: BLE001 - the SDK's own parse below, and the Python path
+            except Exception:
                 log.exception("lightning_otel: could not read token fields from a response body")
                 data = None
             if data is not None:
@@ -227,12 +227,12 @@ def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall
         return None
     try:
         return _LeanCall(tracer, kind, body, options)
-    except Exception:  # noqa: BLE001 - an unexpected body: OpenInference's span instead, never a failed call
+    except Exception:
         log.exception("lightning_otel: could not start a lean span; using OpenInference's")
         return None
 
 
-def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):  # noqa: ANN001, ANN202
+def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
     def request(self, *args, **kwargs):
         call = _lean_call(args, tracer, options)
         if call is None:
@@ -246,7 +246,7 @@ def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options): 
     return request
 
 
-def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):  # noqa: ANN001, ANN202
+def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
     async def request(self, *args, **kwargs):
         call = _lean_call(args, tracer, options)
         if call is None:
