@@ -39,7 +39,7 @@ node:
 $(VENV)/.installed: pyproject.toml */pyproject.toml | system
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PARTS) --group test
+	$(PY) -m pip install -q $(PARTS) --group test --group examples
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers, vllm, duckdb, lightning_otel.trainer, lightning_otel.collector"
 	touch $@

@@ -55,16 +55,18 @@ def test_demo_prints_a_row_per_iteration_a_reward_table_and_stops_everything(dem
 
     lines = demo_run.output.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("iter |"))
-    assert "samples/rollout" in lines[header] and "mean reward" in lines[header] and "swap s" in lines[header]
-    rows = [line.split("|") for line in lines[header + 1 : header + 3]]
+    names = [name.strip() for name in lines[header].split("|")]
+    assert {"samples/rollout", "one-sample", "mean reward", "solved", "swap s"} <= set(names)
+    rows = [dict(zip(names, (cell.strip() for cell in line.split("|")))) for line in lines[header + 1 : header + 3]]
     conn = connect(demo_run.data_dir)
-    assert [int(r[0]) for r in rows] == [1, 2]
-    steps = conn.execute("SELECT step, rollouts, mean_reward FROM train_steps ORDER BY step").fetchall()
+    assert [int(r["iter"]) for r in rows] == [1, 2]
+    steps = conn.execute("SELECT step, rollouts, mean_reward, samples FROM train_steps ORDER BY step").fetchall()
     assert [s[0] for s in steps] == [1, 2]  # the trainer's metrics reached the same store
-    for row, (_, rollouts, mean_reward) in zip(rows, steps):
-        assert int(row[1]) == rollouts == 16  # 4 tasks x 4 rollouts, each trained exactly once
-        assert 1 <= int(row[2]) / 16 <= 3  # one to three LLM calls per rollout
-        assert float(row[4]) == pytest.approx(mean_reward, abs=5e-4 + 1e-9)  # printed with 3 decimals
+    for row, (_, rollouts, mean_reward, samples) in zip(rows, steps):
+        assert int(row["rollouts"]) == rollouts == 16  # 4 tasks x 4 rollouts, each trained exactly once
+        assert 1 <= int(row["llm calls"]) / 16 <= 3  # one to three LLM calls per rollout
+        assert float(row["mean reward"]) == pytest.approx(mean_reward, abs=5e-4 + 1e-9)  # printed with 3 decimals
+        assert float(row["samples/rollout"]) == pytest.approx(samples / rollouts, abs=5e-3 + 1e-9)
     # The reward table comes from SQL: every version that served rollouts, with its rollout count.
     first = lines.index(next(line for line in lines if line.startswith("version |"))) + 1
     table = lines[first : lines.index("", first)]

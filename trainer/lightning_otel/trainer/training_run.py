@@ -74,6 +74,7 @@ class RunSummary:
     mean_reward: float | None = None
     loss: float | None = None
     swap_seconds: float | None = None
+    samples_histogram: list[int] = field(default_factory=list)  # element k: rollouts that became k + 1 samples
     excluded: dict[str, str] = field(default_factory=dict)
     at_fault: list[str] = field(default_factory=list)  # a skipped step's rollouts, now excluded for good
     stage_seconds: dict[str, float] = field(default_factory=dict)
@@ -377,6 +378,7 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             if dist.is_initialized():
                 dist.barrier()
         summary.rollouts, summary.samples = len(selection.rollouts), len(result.batch.samples)
+        summary.samples_histogram = result.batch.samples_per_rollout_histogram()
         summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
         return summary
 

@@ -1,0 +1,116 @@
+"""The examples' figures for BENCHMARKS.md: runs an example's run.py per seed (one at a time) and
+prints what its output and its trace store say.
+
+For each run: the solved share at iteration 1 (served by the SFT warm-up's weights) and at the end
+(the mean of the last three iterations, and the last), how many iterations fit in the time given, the
+samples per rollout and one-sample share over every train step, and the merge boundaries (merged,
+and the causes of the others) from the `merge_diagnostics` view.
+
+    python bench/examples_learning.py --example tool_use --seeds 0 1 2 --minutes 10 --workdir /tmp/bench-tool-use
+    python bench/examples_learning.py --example coding --seeds 0 --iterations 5 --workdir /tmp/bench-coding
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rows(output: str) -> list[dict[str, str]]:
+    lines = output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("iter |"))
+    names = [name.strip() for name in lines[header].split("|")]
+    table = []
+    for line in lines[header + 1 :]:
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) != len(names):
+            break
+        table.append(dict(zip(names, cells)))
+    return table
+
+
+def percent(text: str) -> float:
+    return float(text.rstrip("%")) / 100
+
+
+def store_figures(data_dir: Path) -> dict:
+    sys.path.insert(0, str(ROOT / "examples"))
+    import training_loop
+
+    boundaries, merged, causes, histogram = training_loop.merge_summary(data_dir)
+    rollouts = sum(histogram)
+    per_rollout = sum((k + 1) * count for k, count in enumerate(histogram)) / rollouts if rollouts else float("nan")
+    return {
+        "samples_per_rollout": per_rollout,
+        "one_sample": histogram[0] / rollouts if rollouts else float("nan"),
+        "boundaries": boundaries,
+        "merged": merged,
+        "causes": causes,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--example", required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--minutes", type=float, default=None, help="passed on: no iteration starts after this")
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("extra", nargs="*", help="more flags for run.py (after --)")
+    args = parser.parse_args()
+
+    summary = []
+    for seed in args.seeds:
+        workdir = Path(args.workdir) / f"seed-{seed}"
+        command = [
+            sys.executable,
+            str(ROOT / "examples" / args.example / "run.py"),
+            "--workdir",
+            str(workdir),
+            "--iterations",
+            str(args.iterations),
+            "--seed",
+            str(seed),
+            *args.extra,
+        ]
+        if args.minutes is not None:
+            command += ["--minutes", str(args.minutes)]
+        print("$ " + " ".join(command), flush=True)
+        began = time.perf_counter()
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        (workdir / "run.out").write_text(done.stdout)
+        print(done.stdout, flush=True)
+        if done.returncode != 0:
+            print(f"seed {seed}: run.py exited with {done.returncode}")
+            return 1
+        table = rows(done.stdout)
+        solved = [percent(row["solved"]) for row in table]
+        tail = solved[-3:]
+        figures = store_figures(workdir / "traces")
+        summary.append(
+            (seed, len(table), solved[0], sum(tail) / len(tail), solved[-1], figures, time.perf_counter() - began)
+        )
+
+    print(
+        "\nseed | iterations | solved at iteration 1 | solved, last 3 (mean) | solved, last | x | "
+        "samples/rollout | one-sample | merged boundaries | wall s"
+    )
+    for seed, iterations, first, last3, last, figures, wall in summary:
+        ratio = f"{last3 / first:.1f}" if first else "inf"
+        merged = f"{figures['merged']}/{figures['boundaries']}" if figures["boundaries"] else "-"
+        print(
+            f"{seed} | {iterations} | {first:.1%} | {last3:.1%} | {last:.1%} | {ratio} | "
+            f"{figures['samples_per_rollout']:.2f} | {figures['one_sample']:.1%} | {merged} | {wall:.0f}"
+        )
+        if figures["causes"]:
+            print("     not merged, by cause: " + ", ".join(f"{cause} {count}" for cause, count in figures["causes"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

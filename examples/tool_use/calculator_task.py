@@ -1,0 +1,98 @@
+"""The tool-use task: arithmetic the model cannot do in its head, with a calculator it can call.
+
+Task: "What is 37 * 48?" (two-digit operands, a four-digit product). The agent has one tool,
+`calculator(expression)`. Solving takes two model calls: one that calls the tool with the question's
+expression (copied), one that reports the tool's result (copied): "The answer is 1776."
+Reward: 1 when the final answer's last number is the right result, else 0.
+
+`sft_examples` are what the SFT warm-up shows the model: one prompt -> completion pair per model
+call of a solved rollout, rendered by the same chat template vLLM uses, tools included.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import random
+import re
+
+INSTRUCTIONS = "Use the calculator tool, then reply: The answer is <result>."
+TOOL_NAME = "calculator"
+WRONG_NAME = "calc"  # the name the warm-up sometimes gets wrong
+NAMES = (TOOL_NAME, WRONG_NAME)
+TOOL_DESCRIPTION = "Evaluate an arithmetic expression such as 12 * 34."
+_AST_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+_NUMBER = re.compile(r"-?\d+")
+
+
+def calculate(expression: str) -> str:
+    """The calculator: +, - and * over integers (parsed, never eval'd); an error message otherwise."""
+
+    def value(node: ast.AST) -> int:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPERATORS:
+            return _AST_OPERATORS[type(node.op)](value(node.left), value(node.right))
+        raise ValueError("only integers with + - * are supported")
+
+    try:
+        return str(value(ast.parse(expression.strip(), mode="eval").body))
+    except (SyntaxError, ValueError, RecursionError) as error:
+        return f"error: {error}"
+
+
+def make_task(rng: random.Random) -> tuple[str, int]:
+    """(question, result). Operands from 32 to 99: every product has four digits, so the question, the
+    call and the result have the same length in tokens every time, and copying is at fixed offsets."""
+    a, b = rng.randint(32, 99), rng.randint(32, 99)
+    return f"What is {a} * {b}?", a * b
+
+
+def expression_of(question: str) -> str:
+    return question.removeprefix("What is ").removesuffix("?")
+
+
+def reward(final_answer: str, result: int) -> float:
+    numbers = _NUMBER.findall(final_answer or "")
+    return 1.0 if numbers and int(numbers[-1]) == result else 0.0
+
+
+def tool_schema() -> dict:
+    """The tool as the OpenAI Agents SDK sends it (calculator_agent.py's tool, strict_mode=False), which
+    vLLM renders into the system turn: the SFT warm-up shows the model the same prompt."""
+    parameters = {
+        "properties": {"expression": {"title": "Expression", "type": "string"}},
+        "required": ["expression"],
+        "title": f"{TOOL_NAME}_args",
+        "type": "object",
+    }
+    return {
+        "type": "function",
+        "function": {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": parameters, "strict": False},
+    }
+
+
+def sft_examples(count: int, rng: random.Random, right_name_share: float = 1.0) -> list[dict]:
+    """Prompt -> completion pairs, two per task: the call, and the answer that reports its result.
+    Only `right_name_share` of the calls name the tool right; the others call `calc`, a tool the agent
+    does not have (a small model's typical slip), and the run fails there. The call's shape and its
+    copied arguments are the same either way: the warm-up teaches the format and the copying, and
+    leaves the tool's name for RL to settle."""
+    examples = []
+    for _ in range(count):
+        question, result = make_task(rng)
+        arguments = {"expression": expression_of(question)}
+        name = TOOL_NAME if rng.random() < right_name_share else WRONG_NAME
+        start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
+        demonstrated = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
+        examples.append(
+            {"prompt": start, "completion": [{"role": "assistant", "content": None, "tool_calls": [demonstrated]}]}
+        )
+        call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
+        calling = {"role": "assistant", "content": None, "tool_calls": [call]}
+        answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
+        reply = {"role": "assistant", "content": f"The answer is {result}."}
+        examples.append({"prompt": answered, "completion": [reply]})
+    return examples

@@ -1,0 +1,375 @@
+"""What every example's run.py shares: the training loop around a stock agent.
+
+`run(example, argv)` does, for the example's agent and task:
+1. The policy: `--model DIR` served and trained as it is, or the example's tiny model (built
+   offline) warmed up by a short SFT (TRL's SFTTrainer), so that some rollouts earn reward at once.
+2. The collector and vLLM (with the example's tool-call parser) as child processes.
+3. Each iteration: the example's agent runs in a process of its own (spans over OTLP to the
+   collector), a group of rollouts per task -> wait until they are queryable -> one run of the
+   scheduled training job (`run_once`: SQL selection, exact-prefix merge, rollout-level GRPO step,
+   checkpoint, hot-swap into vLLM, logprob probe) -> one row of the table.
+4. At the end, from SQL over the traces: the reward per policy version and the merge diagnostics;
+   then a report and the command that opens the dashboard.
+Everything started here is stopped on exit, Ctrl-C included.
+
+Examples import this module (it sits beside their folders); nothing else does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>10} | {:>11} | {:>6} | {:>6}"
+HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "one-sample", "mean reward", "solved", "swap s")
+
+
+@dataclass
+class Iteration:
+    """What an example's agent needs to run one iteration's rollouts."""
+
+    number: int
+    base_url: str  # vLLM's OpenAI-compatible API
+    model: str  # the served model name
+    rng: random.Random  # draws this iteration's tasks (seeded by --seed)
+    tasks: int
+    rollouts_per_task: int
+    workdir: Path
+    otlp_endpoint: str
+
+    def run_script(self, script: Path, *args: str) -> None:
+        """Run an agent script with OTLP pointed at the collector; its output goes to agent.log."""
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.otlp_endpoint}
+        log_path = self.workdir / "agent.log"
+        with open(log_path, "a") as log:
+            log.write(f"--- iteration {self.number}\n")
+            log.flush()
+            done = subprocess.run([sys.executable, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            tail = log_path.read_text()[-3000:]
+            raise RuntimeError(f"{script.name} exited with code {done.returncode}; {log_path} ends:\n{tail}")
+
+
+@dataclass
+class Example:
+    """One example: its tiny model, its SFT warm-up, its agent, and the defaults of its flags."""
+
+    name: str
+    description: str
+    build_model: Callable[[Path, int], Path]  # (out_dir, seed) -> a Hugging Face folder
+    warm_up: Callable[[Path, Path, int, float, int], Path] | None  # (base, out, steps, learning rate, seed)
+    run_agent: Callable[[Iteration], int]  # runs one iteration's rollouts, returns how many it started
+    tool_call_parser: str | None = None  # vLLM's --tool-call-parser
+    max_model_len: int = 4096
+    micro_batch_size: int = 64
+    defaults: dict = field(default_factory=dict)  # flag defaults (iterations, tasks, rollouts_per_task, ...)
+
+
+def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
+    defaults = {
+        "iterations": 10,
+        "tasks": 8,
+        "rollouts_per_task": 8,
+        "sft_steps": 40,
+        "sft_learning_rate": 2e-3,
+        "learning_rate": 2e-3,
+        **example.defaults,
+    }
+    parser = argparse.ArgumentParser(description=example.description)
+    parser.add_argument("--workdir", default=f"./demo-runs/{example.name}")
+    parser.add_argument("--iterations", type=int, default=defaults["iterations"], help="train/swap iterations")
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="start no iteration after this many minutes of them"
+    )
+    parser.add_argument("--model", default=None, help="a Hugging Face model folder, served and trained as is (no SFT)")
+    parser.add_argument("--tasks", type=int, default=defaults["tasks"], help="tasks per iteration")
+    parser.add_argument(
+        "--rollouts-per-task", type=int, default=defaults["rollouts_per_task"], help="the GRPO group size"
+    )
+    parser.add_argument("--sft-steps", type=int, default=defaults["sft_steps"], help="SFT warm-up steps (0: none)")
+    parser.add_argument("--sft-learning-rate", type=float, default=defaults["sft_learning_rate"])
+    parser.add_argument("--learning-rate", type=float, default=defaults["learning_rate"], help="the RL step's")
+    parser.add_argument("--seed", type=int, default=0, help="the tiny model, the SFT data and the tasks drawn")
+    parser.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. '--gpu-memory-utilization 0.4'")
+    return parser.parse_args(argv)
+
+
+def sft_warmup(
+    base: Path,
+    out: Path,
+    examples: list[dict],
+    tools: list[dict] | None,
+    steps: int,
+    learning_rate: float,
+    seed: int,
+    batch_size: int = 16,
+) -> Path:
+    """TRL's SFTTrainer on conversational prompt -> completion pairs (loss on the completion only),
+    rendered with the model's chat template and `tools`; saves model and tokenizer to `out`."""
+    import torch
+    from datasets import Dataset, disable_progress_bars
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    disable_progress_bars()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    rows = [{**example, "tools": json.dumps(tools)} if tools else example for example in examples]
+    args = SFTConfig(
+        output_dir=str(out / "sft-checkpoints"),
+        max_steps=steps,
+        per_device_train_batch_size=batch_size,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        bf16=False,  # TRL's defaults (bf16, gradient checkpointing) only slow a tiny float32 model on CPU
+        gradient_checkpointing=False,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its metrics dict; the table is the output
+        trainer.train()
+    trainer.save_model(str(out))
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) -> Path:
+    if args.model:
+        return Path(args.model).resolve()
+    base, warm = workdir / "model", workdir / "sft"
+    if not (base / "config.json").exists():
+        print(f"building the tiny model in {base}", flush=True)
+        example.build_model(base, args.seed)
+    if not args.sft_steps or example.warm_up is None:
+        return base
+    if not (warm / "config.json").exists():
+        began = time.perf_counter()
+        example.warm_up(base, warm, args.sft_steps, args.sft_learning_rate, args.seed)
+        print(f"SFT warm-up: {args.sft_steps} steps in {time.perf_counter() - began:.0f} s -> {warm}", flush=True)
+    return warm
+
+
+def wait_for(
+    data_dir: Path, query: str, ready: Callable[[tuple], bool], what: str, timeout_s: float, params=()
+) -> tuple:
+    """Poll `query` until `ready(row)`; returns the row. The views re-list the Parquet files at each
+    query, so one connection sees what the collector adds."""
+    from lightning_otel.collector import connect
+
+    conn = connect(data_dir)
+    deadline = time.monotonic() + timeout_s
+    while not ready(row := conn.execute(query, list(params)).fetchone()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not reach the store within {timeout_s:.0f} s (last: {row})")
+        time.sleep(0.25)
+    return row
+
+
+def wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int) -> tuple[int, int, float, float]:
+    """Wait until the iteration's rewarded rollouts are queryable: (rollouts, llm calls, mean reward, solved share)."""
+    query = """SELECT count(*), coalesce(sum(llm_calls), 0), avg(reward), avg((reward >= 1)::INT) FROM rollouts
+               WHERE reward IS NOT NULL AND start_time >= to_timestamp(?)"""
+    count, calls, mean_reward, solved = wait_for(
+        data_dir, query, lambda row: row[0] >= expected, f"{expected} rewarded rollouts", 120.0, [since_epoch]
+    )
+    return count, int(calls), mean_reward, solved
+
+
+def train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate: float, micro_batch_size: int):
+    from lightning_otel.trainer.config import (
+        CheckpointSection,
+        ModelSection,
+        SelectionSection,
+        ServerSection,
+        StoreSection,
+        TrainConfig,
+        UpdateConfig,
+    )
+
+    return TrainConfig(
+        store=StoreSection(data_dir=str(workdir / "traces"), otlp_endpoint=collector.traces_endpoint),
+        model=ModelSection(base=str(policy_dir), served_model_name=vllm.served_model_name),
+        server=ServerSection(replicas=[vllm.url]),
+        # min_age_s=0: the loop waits for every rollout of the iteration itself (a cron job would not)
+        selection=SelectionSection(min_age_s=0.0, max_rollouts=10_000),
+        update=UpdateConfig(learning_rate=learning_rate, micro_batch_size=micro_batch_size),
+        checkpoints=CheckpointSection(dir=str(workdir / "train-state"), keep=2),
+    )
+
+
+def reward_by_version(data_dir: Path) -> list[tuple]:
+    """(version, rollouts, mean reward, solved share) per policy version that served a whole rollout."""
+    from lightning_otel.collector import connect
+
+    return (
+        connect(data_dir)
+        .execute("""
+        SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward,
+               avg((reward >= 1)::INT) AS solved
+        FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1
+        GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""")
+        .fetchall()
+    )
+
+
+def merge_summary(data_dir: Path) -> tuple[int, int, list[tuple[str, int]], list[int]]:
+    """From SQL: (boundaries, merged, [(cause, count)] of the others, samples-per-rollout histogram
+    summed over every train step)."""
+    from lightning_otel.collector import connect
+
+    conn = connect(data_dir)
+    boundaries, merged = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE merged) FROM merge_diagnostics"
+    ).fetchone()
+    causes = conn.execute("""SELECT cause, count(*) FROM merge_diagnostics WHERE NOT merged
+                             GROUP BY cause ORDER BY count(*) DESC, cause""").fetchall()
+    histogram: list[int] = []
+    for (counts,) in conn.execute("SELECT samples_per_rollout FROM train_steps").fetchall():
+        for k, count in enumerate(counts or []):
+            histogram += [0] * (k + 1 - len(histogram))
+            histogram[k] += count
+    return boundaries, merged, causes, histogram
+
+
+def _wait_for_train_spans(data_dir: Path, steps: int) -> None:
+    """The trainer's train_step and merge_boundary spans travel through the collector like any other:
+    wait for every step, then until the merge rows stop changing (they may land a flush later)."""
+    wait_for(
+        data_dir, "SELECT count(*) FROM train_steps", lambda row: row[0] >= steps, f"{steps} train_step spans", 30.0
+    )
+    last, stable_since = None, time.monotonic()
+    while time.monotonic() - stable_since < 1.5:
+        count = wait_for(data_dir, "SELECT count(*) FROM merge_diagnostics", lambda row: True, "merge rows", 5.0)[0]
+        if count != last:
+            last, stable_since = count, time.monotonic()
+        time.sleep(0.25)
+
+
+def print_summary(data_dir: Path) -> None:
+    print("\nreward by the policy version that served the rollout (SQL over the traces):")
+    print(f"{'version':>7} | {'rollouts':>8} | {'mean reward':>11} | {'solved':>6}")
+    for version, count, mean_reward, solved in reward_by_version(data_dir):
+        print(f"{version:>7} | {count:>8} | {mean_reward:>11.3f} | {solved:>6.1%}")
+    boundaries, merged, causes, histogram = merge_summary(data_dir)
+    rollouts = sum(histogram)
+    if rollouts:
+        per_rollout = sum((k + 1) * count for k, count in enumerate(histogram)) / rollouts
+        print(
+            f"\nsamples per rollout (all steps): {per_rollout:.2f}; one-sample rollouts: {histogram[0] / rollouts:.1%} "
+            f"(histogram {histogram})"
+        )
+    if boundaries:
+        others = ", ".join(f"{cause} {count}" for cause, count in causes) or "none"
+        print(
+            f"merge boundaries (SQL: merge_diagnostics): {boundaries}, merged {merged} ({merged / boundaries:.1%}); "
+            f"not merged, by cause: {others}"
+        )
+
+
+def run(example: Example, argv: list[str] | None = None) -> int:
+    """The whole loop for `example` (module docstring); returns the process exit code."""
+    from transformers.utils import logging as transformers_logging
+
+    from lightning_otel.core.servers import CollectorProcess, VLLMServer
+    from lightning_otel.dashboards.server import DEFAULT_PORT
+    from lightning_otel.trainer.training_run import run_once
+
+    args = parse_args(example, argv)
+    transformers_logging.disable_progress_bar()  # keep the table readable
+    transformers_logging.set_verbosity_error()
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-list download at import
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    policy_dir = prepare_policy(example, workdir, args)
+    data_dir = workdir / "traces"
+    collector = CollectorProcess(data_dir, flush_interval_s=0.5, log_path=workdir / "collector.log")
+    vllm = VLLMServer(
+        policy_dir,
+        log_path=workdir / "vllm.log",
+        tool_call_parser=example.tool_call_parser,
+        max_model_len=example.max_model_len,
+        extra_args=shlex.split(args.vllm_args),
+    )
+    rng = random.Random(args.seed)
+    try:
+        print(f"starting collector and vLLM (logs in {workdir})", flush=True)
+        collector.start()
+        vllm_began = time.perf_counter()
+        vllm.start()
+        print(f"vLLM answered /health {time.perf_counter() - vllm_began:.0f} s after its start", flush=True)
+        config = train_config(workdir, policy_dir, collector, vllm, args.learning_rate, example.micro_batch_size)
+        print(HEADER, flush=True)
+        loop_began, done = time.monotonic(), 0
+        for number in range(1, args.iterations + 1):
+            if args.minutes is not None and time.monotonic() - loop_began > args.minutes * 60:
+                break
+            since = time.time()
+            iteration = Iteration(
+                number,
+                vllm.base_url,
+                vllm.served_model_name,
+                rng,
+                args.tasks,
+                args.rollouts_per_task,
+                workdir,
+                collector.traces_endpoint,
+            )
+            expected = example.run_agent(iteration)
+            rollouts, calls, mean_reward, solved = wait_for_rollouts(data_dir, since, expected)
+            summary = run_once(config)  # raises JobFailed (servers restored) if the swap or probe fails
+            if summary.status != "trained":
+                raise RuntimeError(f"the training run did not train: {summary.status}, excluded {summary.excluded}")
+            one_sample = (
+                summary.samples_histogram[0] / sum(summary.samples_histogram) if summary.samples_histogram else 0.0
+            )
+            print(
+                ROW.format(
+                    number,
+                    rollouts,
+                    calls,
+                    f"{summary.samples / summary.rollouts:.2f}",
+                    f"{one_sample:.1%}",
+                    f"{mean_reward:.3f}",
+                    f"{solved:.1%}",
+                    f"{summary.swap_seconds:.2f}",
+                ),
+                flush=True,
+            )
+            done = number
+        print(f"\n{done} iterations in {time.monotonic() - loop_began:.0f} s")
+        _wait_for_train_spans(data_dir, done)
+        print_summary(data_dir)
+        from lightning_otel.dashboards.report import write_report
+
+        report = write_report(data_dir, workdir / "report")
+        print(f"\ndone in {time.perf_counter() - began:.0f} s; traces in {data_dir}")
+        print(f"report:    {report}")
+        print(
+            f"dashboard: lightning-otel dashboard --data-dir {data_dir} --tokenizer {policy_dir} --port {DEFAULT_PORT}"
+            f"  -> http://127.0.0.1:{DEFAULT_PORT}/"
+        )
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted; stopping everything the example started", file=sys.stderr)
+        return 130
+    finally:
+        vllm.stop()
+        collector.stop()
