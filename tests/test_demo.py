@@ -1,4 +1,4 @@
-"""`lightning-otel demo` end to end, and its clean shutdown on Ctrl-C. Each run starts its own vLLM."""
+"""The demo (`examples/digit_sum/run.py`) end to end, and its clean shutdown on Ctrl-C. Each run starts its own vLLM."""
 
 from __future__ import annotations
 

@@ -73,9 +73,7 @@ def capture(data_dir: Path, tokenizer: Path | None, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data-dir", type=Path, default=Path("demo-runs/latest/traces"), help="`lightning-otel demo`'s store"
-    )
+    parser.add_argument("--data-dir", type=Path, default=Path("demo-runs/latest/traces"), help="the demo's store")
     parser.add_argument(
         "--tokenizer", type=Path, default=Path("demo-runs/latest/sft"), help="model folder with tokenizer.json"
     )
