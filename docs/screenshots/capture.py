@@ -1,6 +1,6 @@
 """Capture the dashboard screenshots in this folder from a real trace store.
 
-    python docs/screenshots/capture.py --data-dir demo-runs/latest/traces --tokenizer demo-runs/latest/sft
+    python docs/screenshots/capture.py --data-dir demo-runs/digit_sum/traces --tokenizer demo-runs/digit_sum/sft
 
 Starts `lightning-otel dashboard` on a free loopback port, opens each view in Debian's Chromium
 (Playwright drives it; no browser is downloaded) and writes overview.png, training.png,
@@ -73,9 +73,9 @@ def capture(data_dir: Path, tokenizer: Path | None, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path("demo-runs/latest/traces"), help="the demo's store")
+    parser.add_argument("--data-dir", type=Path, default=Path("demo-runs/digit_sum/traces"), help="the demo's store")
     parser.add_argument(
-        "--tokenizer", type=Path, default=Path("demo-runs/latest/sft"), help="model folder with tokenizer.json"
+        "--tokenizer", type=Path, default=Path("demo-runs/digit_sum/sft"), help="model folder with tokenizer.json"
     )
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
