@@ -22,7 +22,39 @@ CHATML_TEMPLATE = (
 
 # Words that become single tokens (with their leading space): tests restrict generation to these
 # to get completions whose text retokenizes to exactly the generated ids.
-WORDS = ["apple", "banana", "cherry", "river", "stone", "cloud", "tiger", "lemon", "ocean", "forest", "answer", "number", "result", "tool", "search", "python", "agent", "reward", "sum", "add", "plus", "equals", "the", "is", "of", "and", "to", "call", "value", "check", "final"]
+WORDS = [
+    "apple",
+    "banana",
+    "cherry",
+    "river",
+    "stone",
+    "cloud",
+    "tiger",
+    "lemon",
+    "ocean",
+    "forest",
+    "answer",
+    "number",
+    "result",
+    "tool",
+    "search",
+    "python",
+    "agent",
+    "reward",
+    "sum",
+    "add",
+    "plus",
+    "equals",
+    "the",
+    "is",
+    "of",
+    "and",
+    "to",
+    "call",
+    "value",
+    "check",
+    "final",
+]
 
 
 def _corpus(seed: int = 0, lines: int = 4000) -> list[str]:
