@@ -17,6 +17,7 @@ dtype, holds gradients and moments to 1e-6 and the weights to what that amplific
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -128,16 +129,31 @@ def runs(tiny_model_dir, tmp_path_factory):
         "OMP_NUM_THREADS": "1",
     }
     worker = [str(here / "fsdp_worker.py"), str(tiny_model_dir), str(reference_dir), str(single["checkpoint"])]
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
-        + worker
-        + [str(root / "sharded")],
-        capture_output=True,
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+    ]
+    # Its own session: a rank stuck in a collective (the failure mode here) is killed with torchrun.
+    process = subprocess.Popen(
+        [*command, *worker, str(root / "sharded")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
         env=env,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stderr[-4000:]
+    try:
+        _, stderr = process.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+        pytest.fail(f"the 2-rank FSDP run hung (a collective one rank never joined):\n{stderr[-3000:]}")
+    assert process.returncode == 0, stderr[-4000:]
     sharded = torch.load(root / "sharded" / "results.pt", weights_only=False)
     # The third direction: a plain one-process run resumes from the sharded checkpoint.
     fsdp_checkpoint = root / "sharded" / "state" / "checkpoints" / "step-000001"
