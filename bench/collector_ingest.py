@@ -3,10 +3,14 @@
     python bench/collector_ingest.py --payload a --requests 60 --senders 4
     python bench/collector_ingest.py --payload b --requests 60 --senders 4
     python bench/collector_ingest.py --payload b --target http://127.0.0.1:6006/v1/traces   # another receiver
+    python bench/collector_ingest.py --payload b --token-encoding base64 --requests 20 --against phoenix \
+        --phoenix-python /work/phoenix-venv/bin/python   # then Arize Phoenix, same bodies, same run
 
 Reports acknowledged spans/s and MB/s, p50/p99 ack latency, seconds from the last ack until every
 span is queryable, spans/s sustained into Parquet (first send -> all queryable), and the peak RSS of
-the collector with its worker processes. Payloads are defined in payloads.py.
+the collector with its worker processes. Payloads are defined in payloads.py. With `--against
+phoenix`, the same bodies then go to Arize Phoenix (its own venv, bench/phoenix_server.py), and the
+ratios of acknowledged and stored spans/s are printed.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -26,9 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from payloads import build_request  # noqa: E402
+from payloads import build_request
 
-from lightning_otel.collector.span_rows import decode_request  # noqa: E402
+from lightning_otel.collector.span_rows import decode_request
 
 PAYLOADS = {"a": (1000, False), "b": (200, True)}
 
@@ -48,7 +53,7 @@ def variants(base: bytes, count: int, seed: int) -> list[bytes]:
     return out
 
 
-def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:  # noqa: ANN001 - mp queue
+def sender(url: str, bodies: list[bytes], start_at: float, results) -> None:
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
     while time.time() < start_at:
@@ -89,7 +94,11 @@ def _tree(pid: int) -> list[int]:
 
 def _peak_rss_kib(pid: int) -> int:
     try:
-        return next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
+        return next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
     except (OSError, StopIteration):
         return 0
 
@@ -132,17 +141,131 @@ def parquet_rows(data_dir: Path, seen: dict[Path, int]) -> int:
     return sum(seen.values())
 
 
+def send_all(url: str, bodies: list[bytes], senders: int) -> tuple[list[tuple], float, float]:
+    """Post `bodies` from `senders` processes: (records, senders' CPU seconds, scheduled start)."""
+    context = multiprocessing.get_context("fork")  # senders inherit the prebuilt bodies
+    results = context.Queue()
+    start_at = time.time() + 1.0
+    shares = [bodies[i::senders] for i in range(senders)]
+    processes = [context.Process(target=sender, args=(url, share, start_at, results)) for share in shares]
+    for process in processes:
+        process.start()
+    sent = [results.get() for _ in processes]
+    for process in processes:
+        process.join()
+    return [r for share_records, _ in sent for r in share_records], sum(seconds for _, seconds in sent), start_at
+
+
+def ack_figures(records: list[tuple], total_spans: int, total_bytes: int) -> dict:
+    send_s = max(r[1] for r in records) - min(r[0] for r in records)
+    latencies = sorted((r[1] - r[0]) * 1000 for r in records)
+    return {
+        "non_200": sum(1 for r in records if r[2] != 200),
+        "ack_spans_per_s": total_spans / send_s,
+        "ack_mb_per_s": total_bytes / send_s / 1e6,
+        "ack_p50_ms": statistics.median(latencies),
+        "ack_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
+    }
+
+
+def measure_ours(args: argparse.Namespace, bodies: list[bytes], total_spans: int, workdir: Path) -> dict:
+    from lightning_otel.collector import connect
+    from lightning_otel.core.servers import CollectorProcess
+
+    collector = CollectorProcess(
+        workdir / "data",
+        flush_interval_s=1.0,
+        log_path=workdir / "collector.log",
+        extra_args=["--workers", str(args.workers)],
+    ).start()
+    try:
+        pid = collector.process.pid
+        cpu_before = {"receiver": cpu_seconds(pid), "workers": cpu_seconds_children(pid)}
+        records, sender_cpu, start_at = send_all(collector.traces_endpoint, bodies, args.senders)
+        out = ack_figures(records, total_spans, sum(len(b) for b in bodies))
+        footers: dict[Path, int] = {}
+        while True:  # cheap footer polls; the view's count confirms (and is timed)
+            if (
+                parquet_rows(collector.data_dir, footers) >= total_spans
+                and connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] >= total_spans
+            ):
+                break
+            time.sleep(0.05)
+        queryable = time.time()
+        cpu = {
+            "receiver": cpu_seconds(pid) - cpu_before["receiver"],
+            "workers": cpu_seconds_children(pid) - cpu_before["workers"],
+        }
+        cpu["receiver"] -= cpu["workers"]
+        cpu["senders"] = sender_cpu
+        out["seconds_until_queryable_after_last_ack"] = queryable - max(r[3] for r in records)
+        out["parquet_spans_per_s"] = total_spans / (queryable - start_at)
+        out["collector_peak_rss_mib"] = peak_rss_mib(pid)
+        for role, seconds in cpu.items():  # where the 2 cores went, per span stored
+            out[f"cpu_us_per_span_{role}"] = seconds / total_spans * 1e6
+        return out
+    finally:
+        collector.stop()
+
+
+def measure_phoenix(args: argparse.Namespace, bodies: list[bytes], total_spans: int, workdir: Path) -> dict:
+    """The same bodies, senders and clock against Arize Phoenix; "stored" = rows in its database."""
+    from phoenix_server import PhoenixProcess
+
+    phoenix = PhoenixProcess(args.phoenix_python, workdir / "phoenix", workdir / "phoenix.log").start()
+    try:
+        pid = phoenix.process.pid
+        out = {"phoenix_version": phoenix.version()}
+        cpu_before = cpu_seconds(pid)
+        records, sender_cpu, start_at = send_all(phoenix.traces_endpoint, bodies, args.senders)
+        out.update(ack_figures(records, total_spans, sum(len(b) for b in bodies)))
+        deadline = time.time() + args.phoenix_timeout_s
+        stored = phoenix.stored_spans()
+        while stored < total_spans and time.time() < deadline and phoenix.process.poll() is None:
+            time.sleep(0.5)
+            stored = phoenix.stored_spans()
+        done = time.time()
+        out["stored_spans"] = stored  # below `spans` only if the timeout ran out
+        out["seconds_until_stored_after_last_ack"] = done - max(r[3] for r in records)
+        out["stored_spans_per_s"] = stored / (done - start_at)
+        out["peak_rss_mib"] = peak_rss_mib(pid)
+        out["cpu_us_per_span_server"] = (cpu_seconds(pid) - cpu_before) / max(stored, 1) * 1e6
+        out["cpu_us_per_span_senders"] = sender_cpu / total_spans * 1e6
+        return out
+    finally:
+        phoenix.stop()
+
+
+def _print(title: str, figures: dict) -> None:
+    print(title)
+    for key, value in figures.items():
+        print(f"  {key}: {value:,.1f}" if isinstance(value, float) else f"  {key}: {value}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--payload", choices=PAYLOADS, default="a")
     parser.add_argument("--requests", type=int, default=60)
     parser.add_argument("--senders", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="collector Parquet conversion processes (the collector's default)"
+    )
     parser.add_argument("--target", help="post to this URL instead of starting our collector")
+    parser.add_argument(
+        "--against", choices=("phoenix",), help="after our collector, the same bodies against this receiver"
+    )
+    parser.add_argument(
+        "--phoenix-python", default="/work/phoenix-venv/bin/python", help="python of a venv with arize-phoenix"
+    )
+    parser.add_argument(
+        "--phoenix-timeout-s", type=float, default=1800, help="longest wait for Phoenix to store everything"
+    )
     parser.add_argument("--plain-arrays", action="store_true", help="(b) with OTLP int/double arrays, not packed")
     parser.add_argument("--token-encoding", choices=("bytes", "base64"), default="bytes", help="(b) packed as")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    if args.against == "phoenix" and args.payload == "b" and args.token_encoding == "bytes" and not args.plain_arrays:
+        parser.error("Phoenix drops spans with bytes attributes: use --token-encoding base64 with --against phoenix")
 
     spans_per_request, training = PAYLOADS[args.payload]
     from lightning_otel.core.token_encoding import set_encoding
@@ -152,72 +275,42 @@ def main() -> None:
     bodies = variants(base, args.requests, seed=1)
     total_spans = spans_per_request * len(bodies)
     total_bytes = sum(len(b) for b in bodies)
-    print(f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
-          f"{total_bytes / len(bodies) / 1e6:.1f} MB per request", flush=True)  # fmt: skip
-
-    collector = None
-    workdir = tempfile.mkdtemp(prefix="lightning-bench-")
-    if args.target:
-        url = args.target
-    else:
-        from lightning_otel.core.servers import CollectorProcess
-
-        collector = CollectorProcess(Path(workdir) / "data", flush_interval_s=1.0, log_path=Path(workdir) / "collector.log",
-                                     extra_args=["--workers", str(args.workers)]).start()  # fmt: skip
-        url = collector.url + "/v1/traces"
+    print(
+        f"payload ({args.payload}): {len(bodies)} requests x {spans_per_request} spans, "
+        f"{total_bytes / len(bodies) / 1e6:.1f} MB per request",
+        flush=True,
+    )
+    setup = {
+        "payload": args.payload,
+        "requests": len(bodies),
+        "spans": total_spans,
+        "senders": args.senders,
+        "workers": args.workers,
+        "plain_arrays": args.plain_arrays,
+        "token_encoding": args.token_encoding,
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="lightning-bench-"))
     try:
-        context = multiprocessing.get_context("fork")  # senders inherit the prebuilt bodies
-        results = context.Queue()
-        start_at = time.time() + 1.0
-        shares = [bodies[i :: args.senders] for i in range(args.senders)]
-        processes = [context.Process(target=sender, args=(url, share, start_at, results)) for share in shares]
-        if collector is not None:
-            cpu_before = {"receiver": cpu_seconds(collector.process.pid), "workers": cpu_seconds_children(collector.process.pid)}
-        for process in processes:
-            process.start()
-        sent = [results.get() for _ in processes]
-        records = [r for share_records, _ in sent for r in share_records]
-        for process in processes:
-            process.join()
-        first = min(r[0] for r in records)
-        last = max(r[1] for r in records)
-        last_wall = max(r[3] for r in records)
-        failures = sum(1 for r in records if r[2] != 200)
-        latencies = sorted((r[1] - r[0]) * 1000 for r in records)
-        send_s = last - first
-        out = {
-            "payload": args.payload, "requests": len(bodies), "spans": total_spans, "senders": args.senders,
-            "workers": args.workers, "plain_arrays": args.plain_arrays, "token_encoding": args.token_encoding, "non_200": failures,
-            "ack_spans_per_s": total_spans / send_s, "ack_mb_per_s": total_bytes / send_s / 1e6,
-            "ack_p50_ms": statistics.median(latencies), "ack_p99_ms": latencies[int(0.99 * (len(latencies) - 1))],
-        }  # fmt: skip
-        if collector is not None:
-            from lightning_otel.collector import connect
-
-            footers: dict[Path, int] = {}
-            while True:  # cheap footer polls; the view's count confirms (and is timed)
-                if parquet_rows(collector.data_dir, footers) >= total_spans:
-                    if connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] >= total_spans:
-                        break
-                time.sleep(0.05)
-            queryable = time.time()
-            cpu = {"receiver": cpu_seconds(collector.process.pid) - cpu_before["receiver"]}
-            cpu["workers"] = cpu_seconds_children(collector.process.pid) - cpu_before["workers"]
-            cpu["receiver"] -= cpu["workers"]
-            cpu["senders"] = sum(seconds for _, seconds in sent)
-            out["seconds_until_queryable_after_last_ack"] = queryable - last_wall
-            out["parquet_spans_per_s"] = total_spans / (queryable - (start_at))
-            out["collector_peak_rss_mib"] = peak_rss_mib(collector.process.pid)
-            for role, seconds in cpu.items():  # where the 2 cores went, per span stored
-                out[f"cpu_us_per_span_{role}"] = seconds / total_spans * 1e6
-        for key, value in out.items():
-            print(f"  {key}: {value:,.1f}" if isinstance(value, float) else f"  {key}: {value}")
+        if args.target:
+            records, _, _ = send_all(args.target, bodies, args.senders)
+            out = {**setup, **ack_figures(records, total_spans, total_bytes)}
+            _print("target " + args.target, out)
+        else:
+            out = {**setup, **measure_ours(args, bodies, total_spans, workdir)}
+            _print("lightning-otel collector", out)
+            if args.against == "phoenix":
+                phoenix = measure_phoenix(args, bodies, total_spans, workdir)
+                _print("Arize Phoenix, same bodies", phoenix)
+                ratios = {
+                    "ack_ratio": out["ack_spans_per_s"] / phoenix["ack_spans_per_s"],
+                    "stored_ratio": out["parquet_spans_per_s"] / max(phoenix["stored_spans_per_s"], 1e-9),
+                }
+                _print("lightning-otel / Phoenix", ratios)
+                out = {**out, "phoenix": phoenix, **ratios}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
     finally:
-        if collector is not None:
-            collector.stop()
-        os.system(f"rm -rf {workdir}")  # noqa: S605 - our own temp dir
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

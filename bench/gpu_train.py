@@ -20,10 +20,31 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, vocab_size=151936),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936),
-    "tiny": dict(hidden_size=128, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512),
-}  # fmt: skip
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    "tiny": dict(
+        hidden_size=128,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+    ),
+}
 
 
 def grouped_rows(groups: int, group_size: int, prompt: int, completion: int, vocab: int, device: str):
@@ -38,11 +59,19 @@ def grouped_rows(groups: int, group_size: int, prompt: int, completion: int, voc
     for g in range(group_size):
         a = prompt + g * completion
         mask[a : a + completion, :prompt] = True
-        mask[a : a + completion, a : a + completion] = torch.tril(torch.ones(completion, completion, dtype=torch.bool, device=device))
+        mask[a : a + completion, a : a + completion] = torch.tril(
+            torch.ones(completion, completion, dtype=torch.bool, device=device)
+        )
         source[a] = prompt - 1
     generated = torch.zeros(length, dtype=torch.bool, device=device)
     generated[prompt:] = True
-    return ids, positions.expand(groups, -1), mask.expand(groups, 1, -1, -1), source.clamp(min=0).expand(groups, -1), generated
+    return (
+        ids,
+        positions.expand(groups, -1),
+        mask.expand(groups, 1, -1, -1),
+        source.clamp(min=0).expand(groups, -1),
+        generated,
+    )
 
 
 def main() -> None:
@@ -58,15 +87,21 @@ def main() -> None:
     parser.add_argument("--checkpointing", action="store_true")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=32768, tie_word_embeddings=False,
-                         attn_implementation="sdpa", torch_dtype=dtype)  # fmt: skip
+    config = Qwen2Config(
+        **SHAPES[args.shape],
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        torch_dtype=dtype,
+    )
     model = Qwen2ForCausalLM(config).to(args.device, dtype)
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=args.device.startswith("cuda"))
-    ids, positions, mask, source, generated = grouped_rows(args.groups, args.group_size, args.prompt, args.completion,
-                                                           config.vocab_size, args.device)  # fmt: skip
+    ids, positions, mask, source, generated = grouped_rows(
+        args.groups, args.group_size, args.prompt, args.completion, config.vocab_size, args.device
+    )
     behaviour = torch.full(ids.shape, -1.0, device=args.device)
     advantages = torch.randn(args.groups, 1, device=args.device).expand(-1, ids.shape[1])
     weights = generated.float() / (args.groups * args.group_size * args.completion)
@@ -94,10 +129,14 @@ def main() -> None:
     elapsed = time.perf_counter() - begin
     tokens_per_s = steps * tokens_per_step / elapsed
     result = {
-        "shape": args.shape, "parameters": params, "tokens_per_step": tokens_per_step, "steps": steps,
-        "tokens_per_s": tokens_per_s, "mfu": 6 * params * tokens_per_s / args.peak,
+        "shape": args.shape,
+        "parameters": params,
+        "tokens_per_step": tokens_per_step,
+        "steps": steps,
+        "tokens_per_s": tokens_per_s,
+        "mfu": 6 * params * tokens_per_s / args.peak,
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
-    }  # fmt: skip
+    }
     print(json.dumps(result))
 
 

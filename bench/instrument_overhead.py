@@ -84,7 +84,9 @@ print(json.dumps(result))
 
 
 def run(mode: str, url: str, calls: int, endpoint: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", CLIENT, mode, url, str(calls), endpoint], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", CLIENT, mode, url, str(calls), endpoint], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -92,10 +94,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of: " + ", ".join(MODES))
-    parser.add_argument("--stub-fields", choices=("asked", "always"), default="asked",
-                        help="asked (default): the look-alike returns token ids and logprobs only to requests that ask, "
-                             "as vLLM does, so the bare client does not parse them; always: every answer carries them, "
-                             "which isolates the instrumentation's own work")  # fmt: skip
+    parser.add_argument(
+        "--stub-fields",
+        choices=("asked", "always"),
+        default="asked",
+        help="asked (default): the look-alike returns token ids and logprobs only to requests that ask, "
+        "as vLLM does, so the bare client does not parse them; always: every answer carries them, "
+        "which isolates the instrumentation's own work",
+    )
     args = parser.parse_args()
     modes = tuple(dict.fromkeys(["bare", *args.modes.split(",")]))  # bare is the baseline
     if not set(modes) <= set(MODES):
@@ -103,21 +109,29 @@ def main() -> None:
     from lightning_otel.core.servers import CollectorProcess, free_port, stop_process, wait_http_ok
 
     port = free_port()
-    stub = subprocess.Popen([sys.executable, str(HERE / "stub_vllm.py"), "--port", str(port), "--fields", args.stub_fields],
-                            start_new_session=True)  # fmt: skip
+    stub = subprocess.Popen(
+        [sys.executable, str(HERE / "stub_vllm.py"), "--port", str(port), "--fields", args.stub_fields],
+        start_new_session=True,
+    )
     workdir = tempfile.mkdtemp(prefix="lightning-overhead-")
     results: dict[str, dict[str, list]] = {}
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/weight_info", 30, stub, "stub")
         with CollectorProcess(Path(workdir) / "data") as collector:
             for mode in modes * 2:
-                for key, value in run(mode, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint).items():
-                    results.setdefault(mode, {}).setdefault(key, []).extend(value if isinstance(value, list) else [value])
+                for key, value in run(
+                    mode, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint
+                ).items():
+                    results.setdefault(mode, {}).setdefault(key, []).extend(
+                        value if isinstance(value, list) else [value]
+                    )
     finally:
         stop_process(stub)
     bare_median = statistics.median(results["bare"]["separate"])
     bare_cpu = statistics.mean(results["bare"]["cpu_per_call"])
-    print(f"{'mode':>20} | added, paired (median) | added, separate (median) | added CPU per call | rollout() open+close")
+    print(
+        f"{'mode':>20} | added, paired (median) | added, separate (median) | added CPU per call | rollout() open+close"
+    )
     for mode in modes:
         r = results[mode]
         separate = statistics.median(r["separate"]) - bare_median
@@ -125,8 +139,10 @@ def main() -> None:
         if mode == "bare":
             print(f"{mode:>20} | median call {bare_median * 1e6:.0f} us, CPU {bare_cpu * 1e6:.0f} us per call")
             continue
-        print(f"{mode:>20} | {statistics.median(r['paired']) * 1e6:18.0f} us | {separate * 1e6:20.0f} us | "
-              f"{cpu * 1e6:14.0f} us | {statistics.median(r['rollout']) * 1e6:.0f} us")  # fmt: skip
+        print(
+            f"{mode:>20} | {statistics.median(r['paired']) * 1e6:18.0f} us | {separate * 1e6:20.0f} us | "
+            f"{cpu * 1e6:14.0f} us | {statistics.median(r['rollout']) * 1e6:.0f} us"
+        )
 
 
 if __name__ == "__main__":

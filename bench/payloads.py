@@ -17,7 +17,25 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from lightning_otel.core import schema
 from lightning_otel.core.token_encoding import pack_floats, pack_ints
 
-WORDS = "the agent calls a tool then reads the result and answers the user with a short summary".split()
+WORDS = [
+    "the",
+    "agent",
+    "calls",
+    "a",
+    "tool",
+    "then",
+    "reads",
+    "the",
+    "result",
+    "and",
+    "answers",
+    "the",
+    "user",
+    "with",
+    "a",
+    "short",
+    "summary",
+]
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -79,8 +97,11 @@ def llm_attributes(rng: random.Random, index: int, training: bool, plain_arrays:
         completion = [rng.randrange(150_000) for _ in range(512)]
         logprobs = [-rng.random() * 5 for _ in range(512)]
         if plain_arrays:
-            attributes += [_array_kv(schema.PROMPT_TOKEN_IDS, prompt), _array_kv(schema.COMPLETION_TOKEN_IDS, completion),
-                           _array_kv(schema.COMPLETION_LOGPROBS, logprobs)]  # fmt: skip
+            attributes += [
+                _array_kv(schema.PROMPT_TOKEN_IDS, prompt),
+                _array_kv(schema.COMPLETION_TOKEN_IDS, completion),
+                _array_kv(schema.COMPLETION_LOGPROBS, logprobs),
+            ]
         else:
             attributes += [
                 _kv(schema.PACKED_PROMPT_TOKEN_IDS, pack_ints(prompt)),
@@ -90,7 +111,9 @@ def llm_attributes(rng: random.Random, index: int, training: bool, plain_arrays:
     return attributes
 
 
-def build_request(spans: int, training: bool, seed: int = 0, service: str = "bench-agent", plain_arrays: bool = False) -> bytes:
+def build_request(
+    spans: int, training: bool, seed: int = 0, service: str = "bench-agent", plain_arrays: bool = False
+) -> bytes:
     rng = random.Random(seed)
     request = ExportTraceServiceRequest()
     resource_spans = request.resource_spans.add()

@@ -21,9 +21,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from lightning_otel.collector import connect  # noqa: E402
-from lightning_otel.collector.span_rows import SPANS_SCHEMA  # noqa: E402
-from lightning_otel.collector.store import Store  # noqa: E402
+from lightning_otel.collector import connect
+from lightning_otel.collector.span_rows import SPANS_SCHEMA
+from lightning_otel.collector.store import Store
 
 QUERIES = {
     "join llm_calls x rollouts, group by task": """
@@ -51,27 +51,47 @@ def build_chunk(first_rollout: int, rollouts: int, now_us: int) -> pa.Table:
     columns = {
         "trace_id": [f"{r:032x}" for r in rollout_index],
         "span_id": [f"{i + first_rollout * len(kinds):016x}" for i in range(n)],
-        "parent_span_id": [None if i % len(kinds) == 0 else f"{(i // len(kinds)) * len(kinds) + first_rollout * len(kinds):016x}" for i in range(n)],
-        "name": kind, "kind": ["INTERNAL"] * n, "start_time": start, "end_time": [s + 500_000 for s in start],
-        "duration_ms": [500.0] * n, "status_code": ["OK"] * n, "status_message": [None] * n,
-        "service_name": ["bench"] * n, "scope_name": ["bench"] * n, "span_kind": kind,
+        "parent_span_id": [
+            None if i % len(kinds) == 0 else f"{(i // len(kinds)) * len(kinds) + first_rollout * len(kinds):016x}"
+            for i in range(n)
+        ],
+        "name": kind,
+        "kind": ["INTERNAL"] * n,
+        "start_time": start,
+        "end_time": [s + 500_000 for s in start],
+        "duration_ms": [500.0] * n,
+        "status_code": ["OK"] * n,
+        "status_message": [None] * n,
+        "service_name": ["bench"] * n,
+        "scope_name": ["bench"] * n,
+        "span_kind": kind,
         "model_name": ["policy" if llm else None for llm in is_llm],
         "token_count_prompt": [512 if llm else None for llm in is_llm],
         "token_count_completion": [64 if llm else None for llm in is_llm],
         "token_count_total": [576 if llm else None for llm in is_llm],
         "tool_name": ["search" if k == "TOOL" else None for k in kind],
-        "rollout_id": [f"r-{r}" for r in rollout_index], "task_id": [f"task-{r % 5000}" for r in rollout_index],
-        "attempt": [0] * n, "is_rollout_root": [k == "AGENT" for k in kind],
+        "rollout_id": [f"r-{r}" for r in rollout_index],
+        "task_id": [f"task-{r % 5000}" for r in rollout_index],
+        "attempt": [0] * n,
+        "is_rollout_root": [k == "AGENT" for k in kind],
         "reward_name": ["reward" if k == "EVALUATOR" else None for k in kind],
         "reward_value": [float(r % 7) / 7 if k == "EVALUATOR" else None for r, k in zip(rollout_index, kind)],
         "policy_version": ["3" if llm else None for llm in is_llm],
         "finish_reason": ["stop" if llm else None for llm in is_llm],
-        "prompt_token_ids": prompt_ids, "completion_token_ids": completion_ids, "completion_logprobs": logprobs,
+        "prompt_token_ids": prompt_ids,
+        "completion_token_ids": completion_ids,
+        "completion_logprobs": logprobs,
         "attributes": [[("input.value", text)] if llm else [] for llm in is_llm],
-        "resource_attributes": [[("service.name", "bench")]] * n, "events": [None] * n,
-    }  # fmt: skip
-    return pa.table({f.name: pa.array(columns[f.name], f.type) if not isinstance(columns[f.name], pa.Array)
-                     else columns[f.name] for f in SPANS_SCHEMA}, schema=SPANS_SCHEMA)  # fmt: skip
+        "resource_attributes": [[("service.name", "bench")]] * n,
+        "events": [None] * n,
+    }
+    return pa.table(
+        {
+            f.name: pa.array(columns[f.name], f.type) if not isinstance(columns[f.name], pa.Array) else columns[f.name]
+            for f in SPANS_SCHEMA
+        },
+        schema=SPANS_SCHEMA,
+    )
 
 
 def main() -> None:

@@ -17,14 +17,26 @@ COMPLETION_IDS = list(range(600, 632))
 
 
 def response(token_ids: bool, logprobs: bool) -> bytes:
-    choice = {"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "word " * len(COMPLETION_IDS)},
-              "logprobs": None}  # fmt: skip
-    body = {"id": "chatcmpl-stub", "object": "chat.completion", "created": 0, "model": "policy", "choices": [choice],
-            "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": len(COMPLETION_IDS), "total_tokens": 544}}  # fmt: skip
+    choice = {
+        "index": 0,
+        "finish_reason": "length",
+        "message": {"role": "assistant", "content": "word " * len(COMPLETION_IDS)},
+        "logprobs": None,
+    }
+    body = {
+        "id": "chatcmpl-stub",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "policy",
+        "choices": [choice],
+        "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": len(COMPLETION_IDS), "total_tokens": 544},
+    }
     if token_ids:
         choice["token_ids"], body["prompt_token_ids"] = COMPLETION_IDS, PROMPT_IDS
     if logprobs:
-        choice["logprobs"] = {"content": [{"token": "word", "logprob": -0.5, "bytes": [119], "top_logprobs": []} for _ in COMPLETION_IDS]}
+        choice["logprobs"] = {
+            "content": [{"token": "word", "logprob": -0.5, "bytes": [119], "top_logprobs": []} for _ in COMPLETION_IDS]
+        }
     return json.dumps(body).encode()
 
 

@@ -32,8 +32,8 @@ from transformers import AutoModelForCausalLM
 
 from lightning_otel.core.gateway_client import GatewayAdminClient
 from lightning_otel.core.servers import CollectorProcess, GatewayProcess, VLLMServer
-from lightning_otel.trainer.tiny_model import build_tiny_model
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.trainer.tiny_model import build_tiny_model
 
 ADMIN = "bench-admin"
 
@@ -51,7 +51,9 @@ def prepare(base: Path, out: Path, swaps: int) -> tuple[list[Path], list[Path]]:
         full.append(out / f"full-{k}")
     for k in range(swaps):
         model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-        peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+        peft_model = get_peft_model(
+            model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+        )
         peft_model.save_pretrained(out / f"lora-{k}")
         adapters.append(out / f"lora-{k}")
     return full, adapters
@@ -75,23 +77,25 @@ def idle_swaps(server: VLLMServer, base: Path, full: list[Path], adapters: list[
     return {"full_swap_s": full_s, "lora_load_s": load_s, "lora_unload_s": unload_s}
 
 
-
 def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters: list[Path], clients: int) -> dict:
     requests: list[tuple[float, float]] = []  # (start, end)
     failures: list[str] = []
     stop = threading.Event()
 
     def client(index: int) -> None:
-        body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": f"client {index} asks"}], "max_tokens": 8})
+        body = json.dumps(
+            {"model": "policy", "messages": [{"role": "user", "content": f"client {index} asks"}], "max_tokens": 8}
+        )
         while not stop.is_set():
-            request = urllib.request.Request(gateway.url + "/v1/chat/completions", data=body.encode(),
-                                             headers={"Content-Type": "application/json"})  # fmt: skip
+            request = urllib.request.Request(
+                gateway.url + "/v1/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+            )
             began = time.perf_counter()
             try:
                 with urllib.request.urlopen(request, timeout=600) as reply:
                     reply.read()
                 requests.append((began, time.perf_counter()))
-            except Exception as exc:  # noqa: BLE001 - counted
+            except Exception as exc:
                 failures.append(repr(exc))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
@@ -116,14 +120,18 @@ def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters
 
     def overlapping(mode: str | None) -> list[float]:
         spans = [(b, e) for m, b, e in windows if mode is None or m == mode]
-        return [end - start for start, end in requests if any(start < e and end > b for b, e in spans) == (mode is not None)]
+        return [
+            end - start for start, end in requests if any(start < e and end > b for b, e in spans) == (mode is not None)
+        ]
 
     def stats(values: list[float]) -> dict:
         values = sorted(values)
         return {"n": len(values), "p50_s": statistics.median(values), "max_s": values[-1]} if values else {"n": 0}
 
     return {
-        "requests": len(requests), "failed": len(failures), "failures": failures[:5],
+        "requests": len(requests),
+        "failed": len(failures),
+        "failures": failures[:5],
         "latency_no_swap": stats(overlapping(None)),
         "latency_overlapping_full_swap": stats(overlapping("full")),
         "latency_overlapping_lora_swap": stats(overlapping("lora")),
@@ -133,7 +141,7 @@ def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters
         "gateway_lora_load_s": [r["load_s"] for r in reports if r["mode"] == "lora"],
         "gateway_lora_drain_s": [r["drain_s"] for r in reports if r["mode"] == "lora"],
         "gateway_lora_total_s": [e - b for m, b, e in windows if m == "lora"],
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -145,11 +153,17 @@ def main() -> None:
         tmp = Path(tmp)
         base = build_tiny_model(tmp / "model")
         full, adapters = prepare(base, tmp, args.swaps)
-        with VLLMServer(base, lora_rank=8, log_path=tmp / "vllm.log") as server, \
-                CollectorProcess(tmp / "traces", log_path=tmp / "collector.log") as collector:  # fmt: skip
+        with (
+            VLLMServer(base, lora_rank=8, log_path=tmp / "vllm.log") as server,
+            CollectorProcess(tmp / "traces", log_path=tmp / "collector.log") as collector,
+        ):
             idle = idle_swaps(server, base, full, adapters)
-            with GatewayProcess([server.url], collector.traces_endpoint, log_path=tmp / "gateway.log",
-                                extra_args=["--admin-token", ADMIN]) as gateway:  # fmt: skip
+            with GatewayProcess(
+                [server.url],
+                collector.traces_endpoint,
+                log_path=tmp / "gateway.log",
+                extra_args=["--admin-token", ADMIN],
+            ) as gateway:
                 loaded = loaded_swaps(gateway, base, full, adapters, args.clients)
     result = {"idle": idle, "under_load": loaded}
 

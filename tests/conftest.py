@@ -85,10 +85,23 @@ class DemoRun:
 def demo_run(tmp_path_factory) -> DemoRun:
     workdir = tmp_path_factory.mktemp("demo")
     result = subprocess.run(
-        [sys.executable, str(EXAMPLES / "digit_sum" / "run.py"), "--workdir", str(workdir),
-         "--iterations", "2", "--tasks", "4", "--rollouts-per-task", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(EXAMPLES / "digit_sum" / "run.py"),
+            "--workdir",
+            str(workdir),
+            "--iterations",
+            "2",
+            "--tasks",
+            "4",
+            "--rollouts-per-task",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
     run = DemoRun(workdir, result.stdout, result.returncode)
     assert run.returncode == 0, run.output[-4000:]
     return run

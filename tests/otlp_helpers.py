@@ -28,7 +28,9 @@ def request_bytes(spans) -> bytes:
 
 def post(url: str, body: bytes, content_type: str = "application/x-protobuf", headers: dict | None = None):
     """POST and return (status, headers, body) without raising on HTTP errors."""
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type, **(headers or {})})
+    request = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": content_type, **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return reply.status, dict(reply.headers), reply.read()

@@ -1,5 +1,6 @@
-"""A TCP proxy that can drop connections: stands in for a network fault between the gateway and
-vLLM, which a real vLLM cannot be made to produce on demand. It also counts HTTP requests."""
+"""A TCP proxy that can drop connections or hold requests: stands in for a network fault or a slow
+answer between the gateway and vLLM, which a real vLLM cannot be made to produce on demand. It also
+counts HTTP requests."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import threading
 
 
 class FlakyProxy:
-    def __init__(self, target_host: str, target_port: int, drop_first: int = 0) -> None:
+    def __init__(
+        self, target_host: str, target_port: int, drop_first: int = 0, hold: threading.Event | None = None
+    ) -> None:
         self.target = (target_host, target_port)
         self.drop_first = drop_first
+        self.hold = hold  # requests reach the target only once this is set
         self.connections = 0
         self.requests = 0
         self.port = 0
@@ -18,7 +22,7 @@ class FlakyProxy:
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "FlakyProxy":
+    def __enter__(self) -> FlakyProxy:
         self._thread.start()
         self._ready.wait(10)
         return self
@@ -46,11 +50,13 @@ class FlakyProxy:
             return
         up_reader, up_writer = await asyncio.open_connection(*self.target)
 
-        async def pipe(src, dst, count: bool):  # noqa: ANN001
+        async def pipe(src, dst, count: bool):
             try:
                 while data := await src.read(65536):
                     if count:
                         self.requests += data.count(b"POST /")
+                        while self.hold is not None and not self.hold.is_set():
+                            await asyncio.sleep(0.01)
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, asyncio.CancelledError):

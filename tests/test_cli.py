@@ -7,20 +7,20 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
 
 from lightning_otel.core import schema
-from lightning_otel.core.servers import free_port
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     def build(tracer):
         for i in range(2):
-            tracer.start_span(f"call-{i}", attributes={schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
-                                                       schema.PROMPT_TOKEN_IDS: [i, i + 1]}).end()
+            tracer.start_span(
+                f"call-{i}",
+                attributes={schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.PROMPT_TOKEN_IDS: [i, i + 1]},
+            ).end()
 
     with local_collector(tmp_path_factory.mktemp("cli") / "data") as collector:
         assert post(collector.http_endpoint + "/v1/traces", request_bytes(make_spans(build)))[0] == 200
@@ -29,8 +29,12 @@ def data_dir(tmp_path_factory):
 
 
 def _sql(data_dir, *args):
-    return subprocess.run([sys.executable, "-m", "lightning_otel", "sql", "--data-dir", str(data_dir), *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_otel", "sql", "--data-dir", str(data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_table_output(data_dir):
@@ -44,7 +48,9 @@ def test_table_output(data_dir):
 def test_json_output(data_dir):
     result = _sql(data_dir, "--format", "json", "SELECT name, prompt_token_ids FROM llm_calls ORDER BY name")
     assert [json.loads(line) for line in result.stdout.splitlines()] == [
-        {"name": "call-0", "prompt_token_ids": [0, 1]}, {"name": "call-1", "prompt_token_ids": [1, 2]}]
+        {"name": "call-0", "prompt_token_ids": [0, 1]},
+        {"name": "call-1", "prompt_token_ids": [1, 2]},
+    ]
 
 
 def test_bad_sql_is_a_clear_error(data_dir):

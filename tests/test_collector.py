@@ -10,12 +10,12 @@ import sys
 
 import pytest
 from google.rpc import status_pb2
+from helpers import local_collector, wait_for
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from opentelemetry.sdk.trace.export import SpanExportResult
-
-from helpers import wait_for, local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.core.servers import CollectorProcess, free_port
@@ -31,11 +31,18 @@ def _llm_spans(n: int = 3):
     def build(tracer):
         with tracer.start_as_current_span("rollout", attributes={schema.ROLLOUT_ID: "r1", schema.TASK_ID: "t1"}):
             for i in range(n):
-                tracer.start_span(f"call-{i}", attributes={
-                    schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM, schema.ROLLOUT_ID: "r1",
-                    schema.PROMPT_TOKEN_IDS: [1, 2, i], schema.COMPLETION_TOKEN_IDS: [7, 8],
-                    schema.COMPLETION_LOGPROBS: [-0.5, -1.5], "custom.attr": "kept", "custom.number": 3,
-                }).end()  # fmt: skip
+                tracer.start_span(
+                    f"call-{i}",
+                    attributes={
+                        schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+                        schema.ROLLOUT_ID: "r1",
+                        schema.PROMPT_TOKEN_IDS: [1, 2, i],
+                        schema.COMPLETION_TOKEN_IDS: [7, 8],
+                        schema.COMPLETION_LOGPROBS: [-0.5, -1.5],
+                        "custom.attr": "kept",
+                        "custom.number": 3,
+                    },
+                ).end()
 
     return make_spans(build)
 
@@ -50,9 +57,7 @@ def test_real_exporter_spans_land_in_parquet_with_list_columns(collector):
         "SELECT name, prompt_token_ids, completion_logprobs, attributes['custom.attr'], attributes['custom.number'], "
         "service_name, rollout_id FROM spans WHERE span_kind = 'LLM' ORDER BY name"
     ).fetchall()
-    assert rows == [
-        (f"call-{i}", [1, 2, i], [-0.5, -1.5], "kept", "3", "unit", "r1") for i in range(3)
-    ]
+    assert rows == [(f"call-{i}", [1, 2, i], [-0.5, -1.5], "kept", "3", "unit", "r1") for i in range(3)]
     # token ids are list columns, not strings
     types = dict(conn.execute("SELECT column_name, column_type FROM (DESCRIBE llm_calls)").fetchall())
     assert types["prompt_token_ids"] == "INTEGER[]" and types["completion_logprobs"] == "DOUBLE[]"
@@ -139,8 +144,9 @@ def test_kill_9_then_restart_loses_no_acknowledged_span(tmp_path):
     first.process.wait()
     assert not list((data_dir / "spans").rglob("part-*.parquet"))  # nothing was in Parquet yet
     with CollectorProcess(data_dir, port=port, flush_interval_s=0.2):
-        count = wait_for(lambda: connect(data_dir).execute("SELECT count(*) FROM spans").fetchone()[0],
-                         lambda n: n >= acknowledged)
+        count = wait_for(
+            lambda: connect(data_dir).execute("SELECT count(*) FROM spans").fetchone()[0], lambda n: n >= acknowledged
+        )
     assert acknowledged == 15 and count == 15
 
 
@@ -148,10 +154,21 @@ def test_another_process_queries_while_the_collector_runs(collector):
     assert post(collector.http_endpoint + "/v1/traces", request_bytes(_llm_spans(2)))[0] == 200
     collector.flush()
     result = subprocess.run(
-        [sys.executable, "-m", "lightning_otel", "sql", "--data-dir", str(collector.data_dir), "--format", "csv",
-         "SELECT name FROM llm_calls ORDER BY name"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lightning_otel",
+            "sql",
+            "--data-dir",
+            str(collector.data_dir),
+            "--format",
+            "csv",
+            "SELECT name FROM llm_calls ORDER BY name",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["name", "call-0", "call-1"]
 
@@ -175,17 +192,24 @@ def test_token_arrays_in_every_encoding_become_the_same_list_columns(collector):
     encodings = {
         "plain": {schema.PROMPT_TOKEN_IDS: ids, schema.COMPLETION_LOGPROBS: logprobs},
         "bytes": {schema.PACKED_PROMPT_TOKEN_IDS: packed_ids, schema.PACKED_COMPLETION_LOGPROBS: packed_lps},
-        "base64": {schema.PACKED_PROMPT_TOKEN_IDS: base64.b64encode(packed_ids).decode(),
-                   schema.PACKED_COMPLETION_LOGPROBS: base64.b64encode(packed_lps).decode()},
+        "base64": {
+            schema.PACKED_PROMPT_TOKEN_IDS: base64.b64encode(packed_ids).decode(),
+            schema.PACKED_COMPLETION_LOGPROBS: base64.b64encode(packed_lps).decode(),
+        },
         # broken packed values: wrong length, not base64; the span is kept, the value stays in the map
         "broken": {schema.PACKED_PROMPT_TOKEN_IDS: b"\x01\x02\x03", schema.PACKED_COMPLETION_LOGPROBS: "%%%"},
-    }  # fmt: skip
+    }
     spans = make_spans(lambda t: [t.start_span(name, attributes=attrs).end() for name, attrs in encodings.items()])
     assert post(collector.http_endpoint + "/v1/traces", request_bytes(spans))[0] == 200
     collector.flush()
-    rows = dict((r[0], r[1:]) for r in connect(collector.data_dir).execute(
-        f"SELECT name, prompt_token_ids, completion_logprobs, attributes['{schema.PACKED_PROMPT_TOKEN_IDS}'] FROM spans"
-    ).fetchall())  # fmt: skip
+    rows = dict(
+        (r[0], r[1:])
+        for r in connect(collector.data_dir)
+        .execute(
+            f"SELECT name, prompt_token_ids, completion_logprobs, attributes['{schema.PACKED_PROMPT_TOKEN_IDS}'] FROM spans"
+        )
+        .fetchall()
+    )
     for name in ("plain", "bytes", "base64"):
         assert rows[name] == (ids, logprobs, None), name
     assert rows["broken"] == (None, None, "010203")

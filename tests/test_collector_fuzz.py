@@ -8,12 +8,12 @@ import json
 import random
 
 import pytest
+from helpers import local_collector
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.collector.otlp_json import decode_json
 from lightning_otel.collector.span_rows import decode_request
@@ -58,11 +58,23 @@ def test_protobuf_bodies(collector, body):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.one_of(st.text(max_size=300), st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
-    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(
-        st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "attributes", "x"]), children, max_size=4)),
-    max_leaves=20).map(json.dumps)))  # fmt: skip
+@given(
+    text=st.one_of(
+        st.text(max_size=300),
+        st.recursive(
+            st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20)),
+            lambda children: st.one_of(
+                st.lists(children, max_size=4),
+                st.dictionaries(
+                    st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "attributes", "x"]),
+                    children,
+                    max_size=4,
+                ),
+            ),
+            max_leaves=20,
+        ).map(json.dumps),
+    )
+)
 def test_json_bodies(collector, text):
     body = text.encode()
     try:
@@ -74,7 +86,9 @@ def test_json_bodies(collector, text):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cut=st.integers(1, 40), content_type=st.sampled_from(["text/plain", "application/xml", "", "application/protobuf"]))
+@given(
+    cut=st.integers(1, 40), content_type=st.sampled_from(["text/plain", "application/xml", "", "application/protobuf"])
+)
 def test_truncated_gzip_and_wrong_content_types(collector, cut, content_type):
     url = collector.http_endpoint + "/v1/traces"
     compressed = gzip.compress(VALID)
@@ -107,9 +121,11 @@ def test_oversize_and_bombs_then_the_earlier_data_is_intact(collector):
     original = decode_request(VALID).resource_spans[0].scope_spans[0].spans
     expected = sorted((s.trace_id.hex(), s.span_id.hex(), s.name) for s in original)
     keys = ", ".join(f"('{trace_id}', '{span_id}')" for trace_id, span_id, _ in expected)
-    rows = connect(collector.data_dir).execute(
-        f"SELECT trace_id, span_id, name FROM spans WHERE (trace_id, span_id) IN ({keys}) ORDER BY 1, 2"
-    ).fetchall()
+    rows = (
+        connect(collector.data_dir)
+        .execute(f"SELECT trace_id, span_id, name FROM spans WHERE (trace_id, span_id) IN ({keys}) ORDER BY 1, 2")
+        .fetchall()
+    )
     # Every original row is still there, unchanged. Valid mutants that reuse an id with other
     # content (a sender bug) are stored too and are not merged with the original.
     assert set(expected) <= set(rows)

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import local_collector
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core.servers import free_port, stop_process, wait_http_ok
 
@@ -20,12 +20,18 @@ def s3_endpoint():
     port = free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/moto-api/", 30, server, what="moto S3 server")
-        env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-               "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+        env = {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        }
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         import boto3
@@ -44,7 +50,9 @@ def s3_endpoint():
 def test_spans_land_in_s3_and_are_queryable_and_compacted(s3_endpoint, tmp_path):
     import boto3
 
-    with local_collector("s3://traces/prod", wal_dir=str(tmp_path / "wal"), compact_min_files=3, compact_grace_s=0) as collector:
+    with local_collector(
+        "s3://traces/prod", wal_dir=str(tmp_path / "wal"), compact_min_files=3, compact_grace_s=0
+    ) as collector:
         for batch in range(3):
             body = request_bytes(make_spans(lambda t, b=batch: [t.start_span(f"s3-{b}-{i}").end() for i in range(4)]))
             assert post(collector.http_endpoint + "/v1/traces", body)[0] == 200

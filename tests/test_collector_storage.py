@@ -8,9 +8,9 @@ import threading
 import time
 
 import duckdb
-
 from helpers import local_collector, wait_for
 from otlp_helpers import make_spans, post, request_bytes
+
 from lightning_otel.collector import connect
 from lightning_otel.core.servers import CollectorProcess, free_port
 
@@ -26,7 +26,9 @@ def _spans_at(start_ns: int, names: list[str]):
 
 
 def _raw_count(data_dir, where="true"):
-    return duckdb.execute(f"SELECT count(*) FROM read_parquet('{data_dir}/spans/**/*.parquet') WHERE {where}").fetchone()[0]
+    return duckdb.execute(
+        f"SELECT count(*) FROM read_parquet('{data_dir}/spans/**/*.parquet') WHERE {where}"
+    ).fetchone()[0]
 
 
 def test_kill_9_while_exporters_send_loses_no_acknowledged_span(tmp_path):
@@ -58,10 +60,13 @@ def test_kill_9_while_exporters_send_loses_no_acknowledged_span(tmp_path):
         thread.join()
     assert len(acknowledged) > 500
     with CollectorProcess(data_dir, port=port, flush_interval_s=0.2):
-        names = set(wait_for(
-            lambda: [r[0] for r in connect(data_dir).execute("SELECT name FROM spans").fetchall()],
-            lambda rows: set(acknowledged) <= set(rows), timeout_s=60,
-        ))  # fmt: skip
+        names = set(
+            wait_for(
+                lambda: [r[0] for r in connect(data_dir).execute("SELECT name FROM spans").fetchall()],
+                lambda rows: set(acknowledged) <= set(rows),
+                timeout_s=60,
+            )
+        )
     assert set(acknowledged) <= names
     # exactly once, not just once in the view: replaying a segment rewrites the same files
     duplicates = duckdb.sql(
@@ -89,9 +94,14 @@ def test_compaction_merges_small_files_and_readers_never_see_duplicates(tmp_path
         files = collector.store.files()
         assert len(files) == 1 and files[0].base_name.startswith("compact-")
         assert _raw_count(collector.data_dir) == 30  # deduplicated physically too
-        codecs = dict(connect(collector.data_dir).execute(
-            f"SELECT path_in_schema, compression FROM parquet_metadata('{files[0].path}')").fetchall())
-        assert codecs["name"] == "ZSTD" and codecs["prompt_token_ids, list, element"] == "UNCOMPRESSED"  # the long-term codec
+        codecs = dict(
+            connect(collector.data_dir)
+            .execute(f"SELECT path_in_schema, compression FROM parquet_metadata('{files[0].path}')")
+            .fetchall()
+        )
+        assert (
+            codecs["name"] == "ZSTD" and codecs["prompt_token_ids, list, element"] == "UNCOMPRESSED"
+        )  # the long-term codec
         assert connect(collector.data_dir).execute("SELECT count(*) FROM spans").fetchone()[0] == 30
 
 

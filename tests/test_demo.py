@@ -28,13 +28,25 @@ def _processes_mentioning(text: str) -> list[int]:
 
 def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(EXAMPLES / "digit_sum" / "run.py"), "--workdir", str(workdir),
-         "--iterations", str(iterations), "--tasks", "2", "--rollouts-per-task", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            str(EXAMPLES / "digit_sum" / "run.py"),
+            "--workdir",
+            str(workdir),
+            "--iterations",
+            str(iterations),
+            "--tasks",
+            "2",
+            "--rollouts-per-task",
+            "2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and a
         # child inherits that, so Ctrl-C would never reach the demo
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
 
 
 def test_demo_prints_a_row_per_iteration_a_reward_table_and_stops_everything(demo_run):
@@ -56,8 +68,11 @@ def test_demo_prints_a_row_per_iteration_a_reward_table_and_stops_everything(dem
     # The reward table comes from SQL: every version that served rollouts, with its rollout count.
     first = lines.index(next(line for line in lines if line.startswith("version |"))) + 1
     table = lines[first : lines.index("", first)]
-    served = dict(conn.execute(
-        "SELECT policy_versions[1], count(*) FROM rollouts WHERE len(policy_versions) = 1 GROUP BY 1").fetchall())
+    served = dict(
+        conn.execute(
+            "SELECT policy_versions[1], count(*) FROM rollouts WHERE len(policy_versions) = 1 GROUP BY 1"
+        ).fetchall()
+    )
     assert {row.split("|")[0].strip(): int(row.split("|")[1]) for row in table} == served
     assert set(served) == {"default", "1"}  # the warmed-up start, then version 1 (version 2 serves no rollout)
     report = next(line.split(":", 1)[1].strip() for line in lines if line.startswith("report:"))

@@ -18,7 +18,9 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 
 def _documents() -> list[dict]:
     kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
-    docs = [doc for name in kustomization["resources"] for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc]
+    docs = [
+        doc for name in kustomization["resources"] for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc
+    ]
     return docs + list(yaml.safe_load_all((DEPLOY / "secret.example.yaml").read_text()))
 
 
@@ -89,8 +91,11 @@ def test_services_select_pods_and_name_their_ports():
     docs = _documents()
     for service in _by_kind(docs, "Service").values():
         selector = service["spec"]["selector"]
-        matches = [(w, p) for w, p in _pod_specs(docs)
-                   if w["kind"] != "CronJob" and selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()]  # fmt: skip
+        matches = [
+            (w, p)
+            for w, p in _pod_specs(docs)
+            if w["kind"] != "CronJob" and selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
         assert len(matches) == 1, service["metadata"]["name"]
         ports = {port["name"] for c in matches[0][1]["containers"] for port in c.get("ports", [])}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
@@ -103,7 +108,9 @@ def test_gateway_and_trainer_list_exactly_the_vllm_replicas(tmp_path):
     vllm = _by_kind(docs, "StatefulSet")["vllm"]
     port = vllm["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"]
     expected = [f"http://vllm-{i}.{vllm['spec']['serviceName']}:{port}" for i in range(vllm["spec"]["replicas"])]
-    gateway = build_parser().parse_args(_cli_argv(_by_kind(docs, "Deployment")["lightning-gateway"]["spec"]["template"]["spec"]["containers"][0]))
+    gateway = build_parser().parse_args(
+        _cli_argv(_by_kind(docs, "Deployment")["lightning-gateway"]["spec"]["template"]["spec"]["containers"][0])
+    )
     assert gateway.upstreams == expected
     text = _by_kind(docs, "ConfigMap")["lightning-train-config"]["data"]["train.toml"]
     (tmp_path / "train.toml").write_text(text)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
-from opentelemetry.sdk.resources import Resource
 from opentelemetry.trace import NonRecordingSpan, SpanKind, StatusCode
 
 from lightning_otel.instrumentation import rollouts
@@ -22,12 +22,12 @@ class _Starts(SpanProcessor):
     def __init__(self) -> None:
         self.started = []
 
-    def on_start(self, span, parent_context=None) -> None:  # noqa: ANN001
+    def on_start(self, span, parent_context=None) -> None:
         self.started.append(span.name)
         span.set_attribute("seen.by", "on_start")
 
 
-def _pipeline(sampler=None, limits=None):  # noqa: ANN001, ANN202
+def _pipeline(sampler=None, limits=None):
     provider = TracerProvider(resource=Resource.create({"service.name": "direct"}), sampler=sampler, span_limits=limits)
     memory, starts = InMemorySpanExporter(), _Starts()
     provider.add_span_processor(rollouts.LightningSpanProcessor())
@@ -36,10 +36,17 @@ def _pipeline(sampler=None, limits=None):  # noqa: ANN001, ANN202
     return provider.get_tracer("scope.name", "1.0"), memory, starts
 
 
-def _fields(span) -> dict:  # noqa: ANN001
+def _fields(span) -> dict:
     context = span.get_span_context()
-    return {"kind": span.kind, "resource": span.resource, "scope": span.instrumentation_scope, "status": span.status.status_code,
-            "attributes": dict(span.attributes), "flags": context.trace_flags, "remote": context.is_remote}  # fmt: skip
+    return {
+        "kind": span.kind,
+        "resource": span.resource,
+        "scope": span.instrumentation_scope,
+        "status": span.status.status_code,
+        "attributes": dict(span.attributes),
+        "flags": context.trace_flags,
+        "remote": context.is_remote,
+    }
 
 
 def test_a_direct_span_is_exported_as_the_sdks_own_span_would_be():
@@ -86,7 +93,10 @@ def test_limits_and_values_set_from_outside_are_cleaned_as_the_sdk_cleans_them(c
     limits = SpanLimits(max_span_attributes=4, max_attribute_length=3)
     tracer, memory, _ = _pipeline(limits=limits)
     with caplog.at_level(logging.WARNING):
-        for make in (lambda: tracer.start_span("s", attributes={"long": "abcdef"}), lambda: start_span(tracer, "s", SpanKind.INTERNAL, {"long": "abcdef"})):
+        for make in (
+            lambda: tracer.start_span("s", attributes={"long": "abcdef"}),
+            lambda: start_span(tracer, "s", SpanKind.INTERNAL, {"long": "abcdef"}),
+        ):
             span = make()
             span.set_attributes({"list": [1, 2], "bad": {"not": "allowed"}, "n": 1, "m": 2})
             span.end()
@@ -139,8 +149,11 @@ def test_the_default_samplers_answer_is_the_one_it_would_give():
     tracer, _, _ = _pipeline()
     assert tracer.sampler is DEFAULT_ON
     state = TraceState([("vendor", "v")])
-    parents = [None] + [SpanContext(7, 8, is_remote=remote, trace_flags=TraceFlags(flags), trace_state=state)
-                        for remote in (False, True) for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT)]  # fmt: skip
+    parents = [None] + [
+        SpanContext(7, 8, is_remote=remote, trace_flags=TraceFlags(flags), trace_state=state)
+        for remote in (False, True)
+        for flags in (TraceFlags.SAMPLED, TraceFlags.DEFAULT)
+    ]
     for parent in parents:
         context = set_span_in_context(NonRecordingSpan(parent)) if parent else None
         sdk = tracer.start_span("x", context=context)
@@ -151,7 +164,11 @@ def test_the_default_samplers_answer_is_the_one_it_would_give():
             if token:
                 detach(token)
         mine, theirs = ours.get_span_context(), sdk.get_span_context()
-        assert (ours.is_recording(), mine.trace_flags, mine.trace_state) == (sdk.is_recording(), theirs.trace_flags, theirs.trace_state)
+        assert (ours.is_recording(), mine.trace_flags, mine.trace_state) == (
+            sdk.is_recording(),
+            theirs.trace_flags,
+            theirs.trace_state,
+        )
         assert mine.trace_id == theirs.trace_id if parent else mine.trace_id != theirs.trace_id
         ours.end()
         sdk.end()

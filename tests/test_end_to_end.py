@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import openai
 import pytest
+from helpers import wait_for
 from transformers import AutoTokenizer
 
 import lightning_otel
-from helpers import wait_for
 from lightning_otel.collector import connect
 from lightning_otel.trainer import PolicyTrainer, SwapError, UpdateConfig, VLLMAdmin, hot_swap, probe_max_diff
 from lightning_otel.trainer.tiny_model import WORDS
@@ -33,7 +33,13 @@ def _agent_rollout(client, model, allowed, task_id, rewrite_system_prompt, rewar
     """Two LLM calls with a tool step between; returns (rollout id, what vLLM returned per call)."""
     # asks for the token fields itself, to compare them with the spans (instrument()'s lean spans
     # hand a caller only what it asked for)
-    options = dict(model=model, max_tokens=6, temperature=1.0, logprobs=True, extra_body={"allowed_token_ids": allowed, "return_token_ids": True})
+    options = dict(
+        model=model,
+        max_tokens=6,
+        temperature=1.0,
+        logprobs=True,
+        extra_body={"allowed_token_ids": allowed, "return_token_ids": True},
+    )
 
     @lightning_otel.tool
     def word_count(text: str) -> int:
@@ -53,7 +59,9 @@ def _agent_rollout(client, model, allowed, task_id, rewrite_system_prompt, rewar
     return rollout.rollout_id, returned
 
 
-def test_instrumented_agent_to_hot_swapped_weights(vllm_server, instrumented, session_collector, allowed_ids, tiny_model_dir, tmp_path):
+def test_instrumented_agent_to_hot_swapped_weights(
+    vllm_server, instrumented, session_collector, allowed_ids, tiny_model_dir, tmp_path
+):
     client = openai.OpenAI(base_url=vllm_server.base_url, api_key="unused")
     model = vllm_server.served_model_name
     admin = VLLMAdmin(vllm_server.url)
@@ -64,8 +72,10 @@ def test_instrumented_agent_to_hot_swapped_weights(vllm_server, instrumented, se
 
     # 1. token ids in llm_calls are exactly what vLLM returned, logprobs aligned one to one
     conn = connect(session_collector.data_dir)
-    query = ("SELECT rollout_id, prompt_token_ids, completion_token_ids, completion_logprobs, policy_version "
-             "FROM llm_calls WHERE rollout_id IN (?, ?) ORDER BY start_time")
+    query = (
+        "SELECT rollout_id, prompt_token_ids, completion_token_ids, completion_logprobs, policy_version "
+        "FROM llm_calls WHERE rollout_id IN (?, ?) ORDER BY start_time"
+    )
     rows = wait_for(lambda: conn.execute(query, [merged_id, split_id]).fetchall(), lambda r: len(r) >= 4)
     assert len(rows) == 4
     for (rollout_id, prompt_ids, completion_ids, logprobs, version), response in zip(rows, merged_calls + split_calls):
@@ -81,9 +91,14 @@ def test_instrumented_agent_to_hot_swapped_weights(vllm_server, instrumented, se
     for rollout_index in result.batch.rollout_of_sample:
         samples_of[result.batch.rollout_ids[rollout_index]] += 1
     assert samples_of == {merged_id: 1, split_id: 2}
-    merged_sample = result.batch.samples[result.batch.rollout_of_sample.index(result.batch.rollout_ids.index(merged_id))]
+    merged_sample = result.batch.samples[
+        result.batch.rollout_of_sample.index(result.batch.rollout_ids.index(merged_id))
+    ]
     second = merged_calls[1]
-    assert merged_sample.token_ids.tolist() == second.model_extra["prompt_token_ids"] + second.choices[0].model_extra["token_ids"]
+    assert (
+        merged_sample.token_ids.tolist()
+        == second.model_extra["prompt_token_ids"] + second.choices[0].model_extra["token_ids"]
+    )
     assert sorted(result.batch.advantages) == pytest.approx([-1.0, -1.0, 1.0], abs=1e-5)  # per sample, the rollout's
     # rollout-level weights: each rollout's tokens weigh half the batch
     per_rollout = {rid: 0.0 for rid in samples_of}
@@ -139,8 +154,8 @@ def test_a_checkpoint_that_does_not_fit_is_refused_before_the_server_is_touched(
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     with pytest.raises(SwapError, match="unreadable"):
         hot_swap(admin, broken, version="never", rollback_dir=tiny_model_dir)
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"model.embed_tokens.weight": torch.zeros(3, 3)}, str(broken / "model.safetensors"))
     with pytest.raises(SwapError, match="missing"):
@@ -165,19 +180,26 @@ def test_async_client_calls_are_captured_too(vllm_server, instrumented, session_
     async def run():
         client = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="unused")
         with lightning_otel.rollout(task_id="async-task") as rollout:
-            replies = await asyncio.gather(*[
-                client.chat.completions.create(model=vllm_server.served_model_name,
-                                               messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=4,
-                                               extra_body={"return_token_ids": True})  # asked: the caller sees them
-                for i in range(3)
-            ])  # fmt: skip
+            replies = await asyncio.gather(
+                *[
+                    client.chat.completions.create(
+                        model=vllm_server.served_model_name,
+                        messages=[{"role": "user", "content": f"hi {i}"}],
+                        max_tokens=4,
+                        extra_body={"return_token_ids": True},
+                    )  # asked: the caller sees them
+                    for i in range(3)
+                ]
+            )
         return rollout.rollout_id, replies
 
     rollout_id, replies = asyncio.run(run())
     instrumented.flush()
     conn = connect(session_collector.data_dir)
     rows = wait_for(
-        lambda: conn.execute("SELECT completion_token_ids FROM llm_calls WHERE rollout_id = ?", [rollout_id]).fetchall(),
+        lambda: conn.execute(
+            "SELECT completion_token_ids FROM llm_calls WHERE rollout_id = ?", [rollout_id]
+        ).fetchall(),
         lambda r: len(r) >= 3,
     )
     assert sorted(r[0] for r in rows) == sorted(reply.choices[0].model_extra["token_ids"] for reply in replies)

@@ -15,7 +15,7 @@ import re
 import statistics
 import struct
 from collections import Counter, defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import duckdb
@@ -29,9 +29,9 @@ from lightning_otel.collector import connect
 from lightning_otel.collector.query import view_statements
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
+from lightning_otel.core import schema
 from lightning_otel.dashboards.grafana import DATASOURCE_UID, PLUGIN_ID, PROVISIONING_DIR, build
 from lightning_otel.dashboards.grafana_views import ViewsFileError, write_views_file
-from lightning_otel.core import schema
 
 REPO = Path(__file__).resolve().parents[1]
 PANELS = [panel for name in build.DASHBOARDS for panel in build.load_panels(name)]
@@ -45,10 +45,13 @@ def expand_macros(sql: str, start: datetime, end: datetime, interval_ms: int) ->
     sql = sql.replace("$__interval_ms", str(interval_ms))  # frontend template variable
 
     def rfc3339(moment: datetime) -> str:  # Go's time.RFC3339 of the UTC time: no fraction
-        return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    sql = re.sub(r"\$__timeFilter\(([^()]*)\)",
-                 lambda m: f"{m[1].strip()} >= '{rfc3339(start)}' AND {m[1].strip()} <= '{rfc3339(end)}'", sql)  # fmt: skip
+    sql = re.sub(
+        r"\$__timeFilter\(([^()]*)\)",
+        lambda m: f"{m[1].strip()} >= '{rfc3339(start)}' AND {m[1].strip()} <= '{rfc3339(end)}'",
+        sql,
+    )
     sql = re.sub(r"\$__timeFrom(\(\s*\))?", f"'{rfc3339(start)}'", sql)
     sql = re.sub(r"\$__timeTo(\(\s*\))?", f"'{rfc3339(end)}'", sql)
     assert "$" not in sql, sql
@@ -89,7 +92,7 @@ def time_range(reference) -> tuple[datetime, datetime]:
     low, high = reference.execute("SELECT epoch_us(min(start_time)), epoch_us(max(end_time)) FROM spans_raw").fetchone()
 
     def moment(us: int) -> datetime:
-        return datetime.fromtimestamp(us / 1e6, tz=timezone.utc)
+        return datetime.fromtimestamp(us / 1e6, tz=UTC)
 
     return moment(low) - timedelta(minutes=1), moment(high) + timedelta(minutes=1)  # macros cut to whole seconds
 
@@ -97,8 +100,16 @@ def time_range(reference) -> tuple[datetime, datetime]:
 @pytest.fixture(scope="module")
 def raw_spans(data_dir) -> list[dict]:
     """Every stored span once, read from the Parquet files without DuckDB or the views."""
-    columns = ["trace_id", "span_id", "start_time", "end_time", "status_code", "is_rollout_root",
-               "attributes", "resource_attributes"]  # fmt: skip
+    columns = [
+        "trace_id",
+        "span_id",
+        "start_time",
+        "end_time",
+        "status_code",
+        "is_rollout_root",
+        "attributes",
+        "resource_attributes",
+    ]
     unique: dict[tuple, dict] = {}
     for info in Store(data_dir).files():
         for row in pq.read_table(info.path, columns=columns).to_pylist():
@@ -125,7 +136,9 @@ def test_panel_files_declare_and_use_only_what_the_plugin_supports():
             assert p.columns[0] == "time" and "$__interval_ms" in p.sql, p.path
         # attribute names come from the schema module, never spelled anew
         for key in re.findall(r"attributes\['([^']+)'\]", p.sql):
-            assert key in vars(schema).values(), f"{p.path}: '{key}' is not a name in core/lightning_otel/core/schema.py"
+            assert key in vars(schema).values(), (
+                f"{p.path}: '{key}' is not a name in core/lightning_otel/core/schema.py"
+            )
 
 
 @pytest.mark.parametrize("sql_panel", PANELS, ids=lambda p: f"{p.dashboard}/{p.path.stem}")
@@ -137,7 +150,7 @@ def test_panel_runs_on_the_views_file_and_follows_the_time_range(views, sql_pane
         times = [row[0] for row in rows]
         assert times == sorted(times) and all(t.tzinfo is not None for t in times)
     # a range before any data: nothing (the stat answers 0)
-    before = (datetime(2001, 1, 1, tzinfo=timezone.utc), datetime(2001, 1, 2, tzinfo=timezone.utc))
+    before = (datetime(2001, 1, 1, tzinfo=UTC), datetime(2001, 1, 2, tzinfo=UTC))
     assert run(views, sql_panel, before) in ([], [(0,)])
 
 
@@ -155,14 +168,18 @@ def test_spans_and_llm_calls(views, reference, raw_spans, time_range):
 
 def test_tokens(views, reference, time_range):
     [(_, prompt, completion)] = run(views, panel("overview", "02-tokens"), time_range, ONE_BUCKET_MS)
-    expected = reference.execute("SELECT sum(token_count_prompt), sum(token_count_completion) FROM llm_calls").fetchone()
+    expected = reference.execute(
+        "SELECT sum(token_count_prompt), sum(token_count_completion) FROM llm_calls"
+    ).fetchone()
     assert (prompt, completion) == expected and prompt > 0
 
 
 def test_latency_by_model(views, reference, time_range):
     rows = run(views, panel("overview", "03-latency-by-model"), time_range, ONE_BUCKET_MS)
     durations = defaultdict(list)
-    for model, duration in reference.execute("SELECT coalesce(model_name, 'unknown'), duration_ms FROM llm_calls").fetchall():
+    for model, duration in reference.execute(
+        "SELECT coalesce(model_name, 'unknown'), duration_ms FROM llm_calls"
+    ).fetchall():
         durations[model].append(duration)
     assert {row[1] for row in rows} == set(durations)
     for _, model, p50, p95 in rows:
@@ -195,17 +212,25 @@ def test_dropped_spans_on_the_demo(views, raw_spans, time_range):
 
 def test_dropped_spans_sums_the_latest_count_of_each_process(tmp_path):
     """Cumulative counters: the latest per process, summed; non-root spans and duplicates ignored."""
-    base = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
 
     def span(n: int, instance: str, dropped: int, root: bool = True) -> dict:
-        return {"trace_id": f"{n:032x}", "span_id": f"{n:016x}", "name": schema.SPAN_ROLLOUT,
-                "start_time": base + timedelta(seconds=n), "end_time": base + timedelta(seconds=n, milliseconds=500),
-                "status_code": "OK", "is_rollout_root": root,
-                "attributes": [(schema.SDK_DROPPED_SPANS, str(dropped))],
-                "resource_attributes": [(schema.SERVICE_INSTANCE_ID, instance)]}  # fmt: skip
+        return {
+            "trace_id": f"{n:032x}",
+            "span_id": f"{n:016x}",
+            "name": schema.SPAN_ROLLOUT,
+            "start_time": base + timedelta(seconds=n),
+            "end_time": base + timedelta(seconds=n, milliseconds=500),
+            "status_code": "OK",
+            "is_rollout_root": root,
+            "attributes": [(schema.SDK_DROPPED_SPANS, str(dropped))],
+            "resource_attributes": [(schema.SERVICE_INSTANCE_ID, instance)],
+        }
 
     rows = [span(1, "a", 3), span(2, "a", 5), span(3, "b", 2), span(4, "b", 100, root=False), span(2, "a", 5)]
-    Store(tmp_path / "data").write(pa.Table.from_pylist(rows, schema=SPANS_SCHEMA), str(tmp_path / "data/spans/x/part-1.parquet"))
+    Store(tmp_path / "data").write(
+        pa.Table.from_pylist(rows, schema=SPANS_SCHEMA), str(tmp_path / "data/spans/x/part-1.parquet")
+    )
     conn = duckdb.connect(str(write_views_file(tmp_path / "data", tmp_path / "views.duckdb")), read_only=True)
     window = (base - timedelta(minutes=1), base + timedelta(minutes=1))
     assert run(conn, panel("overview", "05-dropped-spans"), window) == [(5 + 2,)]
@@ -218,7 +243,9 @@ def test_reward_per_step_and_per_policy_version(views, reference, time_range):
     assert per_step == reference.execute("SELECT step, mean_reward FROM train_steps ORDER BY step").fetchall()
     assert len(per_step) >= 2
     rewards = defaultdict(list)
-    for versions, reward in reference.execute("SELECT policy_versions, reward FROM rollouts WHERE reward IS NOT NULL").fetchall():
+    for versions, reward in reference.execute(
+        "SELECT policy_versions, reward FROM rollouts WHERE reward IS NOT NULL"
+    ).fetchall():
         if versions and len(versions) == 1:
             rewards[versions[0]].append(reward)
     per_version = run(views, panel("training", "02-mean-reward-per-policy-version"), time_range)
@@ -244,8 +271,16 @@ def test_merge_rate_and_mismatch_causes(views, reference, time_range):
     assert dict(run(views, panel("training", "05-mismatch-causes"), time_range)) == dict(causes)
 
 
-@pytest.mark.parametrize("stem, column", [("06-loss", "loss"), ("07-clip-fraction", "clip_fraction"),
-                                          ("08-entropy", "entropy"), ("09-kl", "kl"), ("10-swap-seconds", "swap_seconds")])  # fmt: skip
+@pytest.mark.parametrize(
+    "stem, column",
+    [
+        ("06-loss", "loss"),
+        ("07-clip-fraction", "clip_fraction"),
+        ("08-entropy", "entropy"),
+        ("09-kl", "kl"),
+        ("10-swap-seconds", "swap_seconds"),
+    ],
+)
 def test_training_metric_per_step(views, reference, time_range, stem, column):
     rows = run(views, panel("training", stem), time_range)
     assert rows == reference.execute(f"SELECT step, {column} FROM train_steps ORDER BY step").fetchall()
@@ -259,7 +294,10 @@ def test_views_file_holds_only_the_views_and_opens_read_only(views, views_path, 
     tables = views.execute("SELECT table_name, table_type FROM information_schema.tables").fetchall()
     assert {name for name, _ in tables} == names and {kind for _, kind in tables} == {"VIEW"}
     for name in names:
-        assert views.execute(f"SELECT count(*) FROM {name}").fetchone() == reference.execute(f"SELECT count(*) FROM {name}").fetchone()
+        assert (
+            views.execute(f"SELECT count(*) FROM {name}").fetchone()
+            == reference.execute(f"SELECT count(*) FROM {name}").fetchone()
+        )
     with pytest.raises(duckdb.Error, match="read-only"):
         views.execute("CREATE TABLE t (x INTEGER)")
     # DuckDB 2 writes storage version 999 by default, which the plugin's DuckDB 1.x refuses; 64 is v1.0.0
@@ -347,4 +385,3 @@ def test_build_rejects_a_panel_without_its_header(tmp_path):
     bad.write_text("-- Title: T\n-- Visualization: sparkline\n-- Columns: x\nSELECT 1 AS x\n")
     with pytest.raises(ValueError, match="not one of"):
         build.parse_panel("overview", bad)
-

@@ -10,17 +10,16 @@ import time
 import urllib.request
 import uuid
 
-import pytest
 import torch
+from helpers import wait_for
 from transformers import AutoModelForCausalLM
 
-from helpers import wait_for
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 from lightning_otel.core.gateway_client import GatewayAdminClient
 from lightning_otel.core.servers import GatewayProcess
-from lightning_otel.trainer.hotswap import model_prompt_logprobs
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
+from lightning_otel.trainer.hotswap import model_prompt_logprobs
 
 ADMIN = "swap-admin"
 
@@ -39,34 +38,53 @@ def _adapter(model, out_dir, seed):
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    peft_model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
     peft_model.save_pretrained(out_dir)
     merged = peft_model.merge_and_unload()  # the reference for this version
     return merged
 
 
-
 def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, session_collector, tiny_model_dir, tmp_path):
     hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)  # a known start
     references = {"base": AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)}
-    with GatewayProcess([vllm_server.url], session_collector.traces_endpoint, log_path=tmp_path / "gateway.log",
-                        extra_args=["--admin-token", ADMIN]) as gateway:  # fmt: skip
+    with GatewayProcess(
+        [vllm_server.url],
+        session_collector.traces_endpoint,
+        log_path=tmp_path / "gateway.log",
+        extra_args=["--admin-token", ADMIN],
+    ) as gateway:
         responses, failures, stop = [], [], threading.Event()
 
         def client(index):
             while not stop.is_set():
                 rollout_id = f"load-{index}-{uuid.uuid4().hex[:8]}"
-                body = {"model": "policy", "messages": [{"role": "user", "content": f"client {index} says hi"}], "max_tokens": 4}
-                request = urllib.request.Request(gateway.url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                                 headers={"Content-Type": "application/json", "X-Rollout-Id": rollout_id})  # fmt: skip
+                body = {
+                    "model": "policy",
+                    "messages": [{"role": "user", "content": f"client {index} says hi"}],
+                    "max_tokens": 4,
+                }
+                request = urllib.request.Request(
+                    gateway.url + "/v1/chat/completions",
+                    data=json.dumps(body).encode(),
+                    headers={"Content-Type": "application/json", "X-Rollout-Id": rollout_id},
+                )
                 try:
                     with urllib.request.urlopen(request, timeout=120) as reply:
                         payload = json.loads(reply.read())
                         version = reply.headers["X-Lightning-Policy-Version"]
                     choice = payload["choices"][0]
-                    responses.append((rollout_id, version, payload["prompt_token_ids"], choice["token_ids"],
-                                      [e["logprob"] for e in choice["logprobs"]["content"]]))  # fmt: skip
-                except Exception as exc:  # noqa: BLE001 - every failure is counted
+                    responses.append(
+                        (
+                            rollout_id,
+                            version,
+                            payload["prompt_token_ids"],
+                            choice["token_ids"],
+                            [e["logprob"] for e in choice["logprobs"]["content"]],
+                        )
+                    )
+                except Exception as exc:
                     failures.append(repr(exc))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
@@ -101,14 +119,19 @@ def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, sessi
     # and the spans say the same as the headers
     conn = connect(session_collector.data_dir)
     ids = {rollout_id: version for rollout_id, version, *_ in responses}
-    rows = wait_for(lambda: conn.execute(
-        "SELECT rollout_id, policy_version FROM llm_calls WHERE rollout_id LIKE 'load-%'").fetchall(),
-        lambda r: len({x[0] for x in r} & set(ids)) == len(ids), timeout_s=30)  # fmt: skip
+    rows = wait_for(
+        lambda: conn.execute(
+            "SELECT rollout_id, policy_version FROM llm_calls WHERE rollout_id LIKE 'load-%'"
+        ).fetchall(),
+        lambda r: len({x[0] for x in r} & set(ids)) == len(ids),
+        timeout_s=30,
+    )
     assert {rid: v for rid, v in rows if rid in ids} == ids
 
 
 def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
-        vllm_server, session_collector, tiny_model_dir, tmp_path):  # fmt: skip
+    vllm_server, session_collector, tiny_model_dir, tmp_path
+):
     """Two vLLM replicas behind one gateway, clients sending all along, three coordinated swaps: each
     replica swaps in turn, and every request that arrives while one is closed is served by the other
     (its span's server.port says which), never queued behind the swap. Nothing fails."""
@@ -117,21 +140,28 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
     hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
     with VLLMServer(tiny_model_dir, log_path=tmp_path / "second-vllm.log") as second:
         hot_swap(VLLMAdmin(second.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
-        with GatewayProcess([vllm_server.url, second.url], session_collector.traces_endpoint, log_path=tmp_path / "gateway.log",
-                            extra_args=["--admin-token", ADMIN]) as gateway:  # fmt: skip
+        with GatewayProcess(
+            [vllm_server.url, second.url],
+            session_collector.traces_endpoint,
+            log_path=tmp_path / "gateway.log",
+            extra_args=["--admin-token", ADMIN],
+        ) as gateway:
             sent, failures, stop = [], [], threading.Event()
 
             def client(index):
                 while not stop.is_set():
                     rollout_id = f"two-{index}-{uuid.uuid4().hex[:8]}"
                     body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-                    request = urllib.request.Request(gateway.url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                                     headers={"Content-Type": "application/json", "X-Rollout-Id": rollout_id})  # fmt: skip
+                    request = urllib.request.Request(
+                        gateway.url + "/v1/chat/completions",
+                        data=json.dumps(body).encode(),
+                        headers={"Content-Type": "application/json", "X-Rollout-Id": rollout_id},
+                    )
                     try:
                         with urllib.request.urlopen(request, timeout=120) as reply:
                             reply.read()
                         sent.append(rollout_id)
-                    except Exception as exc:  # noqa: BLE001 - every failure is counted
+                    except Exception as exc:
                         failures.append(repr(exc))
 
             threads = [threading.Thread(target=client, args=(i,)) for i in range(4)]
@@ -155,7 +185,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
     assert failures == []
     conn = connect(session_collector.data_dir)
     query = f"""SELECT rollout_id, epoch_ns(start_time), CAST(attributes['{schema.SERVER_PORT}'] AS INT)
-                FROM spans WHERE rollout_id LIKE 'two-%' AND span_kind = 'LLM'"""  # noqa: S608
+                FROM spans WHERE rollout_id LIKE 'two-%' AND span_kind = 'LLM'"""
     rows = wait_for(lambda: conn.execute(query).fetchall(), lambda r: {x[0] for x in r} >= set(sent), timeout_s=30)
     port = {url: int(url.rsplit(":", 1)[1]) for url in (vllm_server.url, second.url)}
     during = [(rid, p, url) for rid, started, p in rows for url, closed, opened in windows if closed < started < opened]

@@ -10,12 +10,11 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import wait_for
 from opentelemetry import trace
 
 import lightning_otel
-from helpers import wait_for
 from lightning_otel.collector import connect
-from lightning_otel.core import schema
 from lightning_otel.core.servers import free_port
 
 
@@ -36,13 +35,21 @@ def test_instrument_twice_adds_nothing(instrumented, session_collector):
         pass
     instrumented.flush()
     rows = wait_for(
-        lambda: connect(session_collector.data_dir).execute("SELECT count(*) FROM spans WHERE name = 'only-once'").fetchone()[0],
+        lambda: (
+            connect(session_collector.data_dir)
+            .execute("SELECT count(*) FROM spans WHERE name = 'only-once'")
+            .fetchone()[0]
+        ),
         lambda n: n >= 1,
     )
     # the raw files hold it once too: no second exporter sent a copy
-    raw = connect(session_collector.data_dir).execute(
-        f"SELECT count(*) FROM read_parquet('{session_collector.data_dir}/spans/**/*.parquet') WHERE name = 'only-once'"
-    ).fetchone()[0]
+    raw = (
+        connect(session_collector.data_dir)
+        .execute(
+            f"SELECT count(*) FROM read_parquet('{session_collector.data_dir}/spans/**/*.parquet') WHERE name = 'only-once'"
+        )
+        .fetchone()[0]
+    )
     assert rows == 1 and raw == 1
     # the dev extra installs every supported library, so every integration is on
     assert instrumented.integrations == ["threading", "openai", "langchain", "openai-agents", "litellm"]
@@ -138,11 +145,18 @@ class _OtherProviderHandler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         self.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self._send({
-            "id": "c1", "object": "chat.completion", "created": 0, "model": "gpt-x",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-        })  # fmt: skip
+        self._send(
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "gpt-x",
+                "choices": [
+                    {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hello"}}
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
 
 
 def test_other_providers_get_plain_requests_and_normal_spans(instrumented, session_collector):
@@ -182,7 +196,12 @@ def test_a_dead_collector_never_blocks_the_agent_and_losses_are_counted():
         "flushed = inst.flush(timeout_millis=30000)\n"
         "print(json.dumps({'dropped': inst.dropped_spans, 'failed': inst.failed_spans, 'flushed': flushed}))\n"
     )
-    env = {**os.environ, "OTEL_BSP_MAX_QUEUE_SIZE": "64", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    env = {
+        **os.environ,
+        "OTEL_BSP_MAX_QUEUE_SIZE": "64",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+    }
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     counts = json.loads(result.stdout.strip().splitlines()[-1])
@@ -208,8 +227,10 @@ def test_redaction_hides_text_but_keeps_what_training_needs(tmp_path):
             "inst.flush()\n"
         )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-        rows = wait_for(lambda: connect(collector.data_dir).execute("SELECT input, output FROM tool_calls").fetchall(),
-                        lambda r: len(r) >= 1)  # fmt: skip
+        rows = wait_for(
+            lambda: connect(collector.data_dir).execute("SELECT input, output FROM tool_calls").fetchall(),
+            lambda r: len(r) >= 1,
+        )
     assert rows == [("__REDACTED__", "__REDACTED__")]
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import openai
 import pytest
+from helpers import wait_for
 from transformers import AutoTokenizer
 
 import lightning_otel
-from helpers import wait_for
 from lightning_otel.collector import connect
 
 
@@ -39,7 +40,11 @@ def _spans(collector, rollout_id, expected_llm_calls):
     rows = wait_for(query, lambda r: sum(1 for x in r if x[3] == "LLM" and not x[4]) >= expected_llm_calls)
     columns = ["span_id", "parent", "name", "kind", "wrapper", "prompt", "completion", "logprobs", "count", "version"]
     spans = [dict(zip(columns, row)) for row in rows]
-    calls = connect(collector.data_dir).execute("SELECT count(*) FROM llm_calls WHERE rollout_id = ?", [rollout_id]).fetchone()[0]
+    calls = (
+        connect(collector.data_dir)
+        .execute("SELECT count(*) FROM llm_calls WHERE rollout_id = ?", [rollout_id])
+        .fetchone()[0]
+    )
     return spans, calls
 
 
@@ -76,8 +81,13 @@ def sdk_calls(base_url: str, model: str, ask: dict) -> list:
 
     async def async_calls():
         reply = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, **ask)
-        returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
-                         [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
+        returned.append(
+            (
+                reply.model_extra["prompt_token_ids"],
+                reply.choices[0].model_extra["token_ids"],
+                [e.logprob for e in reply.choices[0].logprobs.content],
+            )
+        )
         stream = await aclient.chat.completions.create(model=model, messages=messages, max_tokens=5, stream=True)
         prompt, ids, lps = None, [], []
         async for chunk in stream:
@@ -88,11 +98,18 @@ def sdk_calls(base_url: str, model: str, ask: dict) -> list:
         returned.append((prompt, ids, lps))
 
     reply = client.chat.completions.create(model=model, messages=messages, max_tokens=5, **ask)
-    returned.append((reply.model_extra["prompt_token_ids"], reply.choices[0].model_extra["token_ids"],
-                     [e.logprob for e in reply.choices[0].logprobs.content]))  # fmt: skip
+    returned.append(
+        (
+            reply.model_extra["prompt_token_ids"],
+            reply.choices[0].model_extra["token_ids"],
+            [e.logprob for e in reply.choices[0].logprobs.content],
+        )
+    )
     raw = client.completions.with_raw_response.create(model=model, prompt="one two", max_tokens=4).parse()
     choice = raw.choices[0]
-    returned.append((choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs))
+    returned.append(
+        (choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"], choice.logprobs.token_logprobs)
+    )
     prompt, ids, lps = None, [], []
     for chunk in client.completions.create(model=model, prompt="one two", max_tokens=4, stream=True):
         choice = chunk.choices[0]
@@ -143,8 +160,10 @@ def test_openai_sdk_with_openinference_spans(vllm_server, session_collector):
     rollout_id, returned = json.loads(out.stdout.strip().splitlines()[-1])
     _check_sdk_calls(session_collector, rollout_id, returned)
     conn = connect(session_collector.data_dir)
-    mime = conn.execute("SELECT attributes['output.mime_type'] FROM spans WHERE rollout_id = ? AND name = 'ChatCompletion'",
-                        [rollout_id]).fetchall()  # fmt: skip
+    mime = conn.execute(
+        "SELECT attributes['output.mime_type'] FROM spans WHERE rollout_id = ? AND name = 'ChatCompletion'",
+        [rollout_id],
+    ).fetchall()
     assert ("application/json",) in mime  # OpenInference's span: the response as JSON (the lean one: its text)
 
 
@@ -175,11 +194,15 @@ def test_langchain_tool_calling_agent(vllm_server, instrumented, session_collect
     assert any(s["kind"] == "TOOL" and s["name"] == "add" for s in spans)
     first, second = _model_calls(spans)
     # vLLM's prompt ids are the chat template rendering, tokenized; the tool call is guided JSON
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "what is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "what is 2 + 3?"}], add_generation_prompt=True, tokenize=False
+    )
     assert first["prompt"] == tokenizer.encode(rendered, add_special_tokens=False)
     assert json.loads(tokenizer.decode(first["completion"], skip_special_tokens=True)) == decision.tool_calls[0]["args"]
     # (vLLM's detokenizer holds back an incomplete UTF-8 sequence at the very end)
-    assert tokenizer.decode(second["completion"], skip_special_tokens=True).rstrip("\ufffd") == final.content.rstrip("\ufffd")
+    assert tokenizer.decode(second["completion"], skip_special_tokens=True).rstrip("\ufffd") == final.content.rstrip(
+        "\ufffd"
+    )
 
 
 def test_openai_agents_sdk(vllm_server, instrumented, session_collector):
@@ -192,10 +215,12 @@ def test_openai_agents_sdk(vllm_server, instrumented, session_collector):
 
     client = openai.AsyncOpenAI(base_url=vllm_server.base_url, api_key="x")
     agent = Agent(
-        name="calculator", instructions="Use the add tool.", tools=[add],
+        name="calculator",
+        instructions="Use the add tool.",
+        tools=[add],
         model=OpenAIChatCompletionsModel(model=vllm_server.served_model_name, openai_client=client),
         model_settings=ModelSettings(tool_choice="add", max_tokens=128),  # forced once, then reset to auto
-    )  # fmt: skip
+    )
     with lightning_otel.rollout(task_id="agents-sdk") as rollout:
         result = Runner.run_sync(agent, "what is 2 + 3?", max_turns=4)
     assert result.final_output is not None
@@ -213,8 +238,13 @@ def test_litellm(vllm_server, instrumented, session_collector):
     import litellm
 
     with lightning_otel.rollout(task_id="litellm") as rollout:
-        reply = litellm.completion(model=f"hosted_vllm/{vllm_server.served_model_name}", api_base=vllm_server.base_url,
-                                   api_key="x", messages=[{"role": "user", "content": "hello"}], max_tokens=5)  # fmt: skip
+        reply = litellm.completion(
+            model=f"hosted_vllm/{vllm_server.served_model_name}",
+            api_base=vllm_server.base_url,
+            api_key="x",
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=5,
+        )
     assert reply.choices[0].message is not None
     instrumented.flush()
     spans, calls = _spans(session_collector, rollout.rollout_id, 1)
@@ -222,6 +252,59 @@ def test_litellm(vllm_server, instrumented, session_collector):
     assert calls == 1
     [llm] = [s for s in spans if s["kind"] == "LLM"]  # LiteLLM's own span carries the token ids
     assert llm["name"] == "completion"
+
+
+def _vllm_answer(vllm_server, messages, **params):
+    """vLLM's own (prompt ids, completion ids, logprobs) for a chat request, over plain HTTP: no client
+    library, no instrumentation."""
+    body = {
+        "model": vllm_server.served_model_name,
+        "messages": messages,
+        "return_token_ids": True,
+        "logprobs": True,
+        **params,
+    }
+    request = urllib.request.Request(
+        vllm_server.base_url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        data = json.loads(reply.read())
+    choice = data["choices"][0]
+    return data["prompt_token_ids"], choice["token_ids"], [entry["logprob"] for entry in choice["logprobs"]["content"]]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_litellm_streams_record_vllm_token_ids_logprobs_and_version(vllm_server, instrumented, session_collector, mode):
+    import litellm
+
+    messages = [{"role": "user", "content": f"stream for me, {mode}"}]
+    params = dict(max_tokens=8, temperature=1.0, seed=11)  # seeded sampling: the same tokens on every request
+    prompt, completion, logprobs = _vllm_answer(vllm_server, messages, **params)
+    request = dict(
+        model=f"hosted_vllm/{vllm_server.served_model_name}",
+        api_base=vllm_server.base_url,
+        api_key="x",
+        messages=messages,
+        stream=True,
+        **params,
+    )
+
+    async def consume_async():
+        return [chunk async for chunk in await litellm.acompletion(**request)]
+
+    with lightning_otel.rollout(task_id=f"litellm-stream-{mode}") as rollout:
+        chunks = list(litellm.completion(**request)) if mode == "sync" else asyncio.run(consume_async())
+    assert sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks if c.choices) == len(completion)
+    instrumented.flush()
+    spans, calls = _spans(session_collector, rollout.rollout_id, 1)
+    _check_calls(spans)  # token ids, aligned logprobs, a policy version, under the rollout
+    assert calls == 1
+    [llm] = [s for s in spans if s["kind"] == "LLM"]
+    assert llm["name"] == {"sync": "completion", "async": "acompletion"}[mode]  # LiteLLM's span, ended after the stream
+    assert (llm["prompt"], llm["completion"]) == (prompt, completion)
+    assert llm["logprobs"] == pytest.approx(logprobs, abs=1e-4)
 
 
 def test_rollout_context_crosses_threads_tasks_and_sub_agents(vllm_server, instrumented, session_collector):
@@ -235,8 +318,12 @@ def test_rollout_context_crosses_threads_tasks_and_sub_agents(vllm_server, instr
         return client.chat.completions.create(model=model, messages=[{"role": "user", "content": text}], max_tokens=3)
 
     async def two_tasks():
-        await asyncio.gather(*[aclient.chat.completions.create(model=model, messages=[{"role": "user", "content": t}], max_tokens=3)
-                               for t in ("a", "b")])  # fmt: skip
+        await asyncio.gather(
+            *[
+                aclient.chat.completions.create(model=model, messages=[{"role": "user", "content": t}], max_tokens=3)
+                for t in ("a", "b")
+            ]
+        )
 
     with lightning_otel.rollout(task_id="context") as rollout:
         with ThreadPoolExecutor(2) as pool:
@@ -267,13 +354,19 @@ def test_redacted_llm_spans_keep_token_ids(vllm_server, session_collector):
         "inst.flush()\n"
         "print(r.rollout_id, reply.usage.completion_tokens)\n"
     )
-    printed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout.split()
+    printed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
     rollout_id, generated = printed[-2], int(printed[-1])  # fewer than 4 when the served weights stop early
     conn = connect(session_collector.data_dir)
-    rows = wait_for(lambda: conn.execute(
-        "SELECT attributes['input.value'], attributes['output.value'], attributes['llm.input_messages.0.message.content'], "
-        "len(completion_token_ids), len(completion_logprobs) FROM spans WHERE rollout_id = ? AND span_kind = 'LLM'",
-        [rollout_id]).fetchall(), lambda r: len(r) >= 1)  # fmt: skip
+    rows = wait_for(
+        lambda: conn.execute(
+            "SELECT attributes['input.value'], attributes['output.value'], attributes['llm.input_messages.0.message.content'], "
+            "len(completion_token_ids), len(completion_logprobs) FROM spans WHERE rollout_id = ? AND span_kind = 'LLM'",
+            [rollout_id],
+        ).fetchall(),
+        lambda r: len(r) >= 1,
+    )
     [(inputs, outputs, message, ids, logprobs)] = rows
     assert inputs == outputs == "__REDACTED__" and message in (None, "__REDACTED__")
     assert ids == logprobs == generated >= 1

@@ -91,17 +91,19 @@ def violations(importer_part: str | None, layer: int, path: Path, module: str) -
             if part is None:
                 problems.append(f"{where}:{line}: {dotted} is no module of any part")
             elif part != importer_part and PARTS[part][0] >= layer:
-                problems.append(f"{where}:{line}: {importer_part or 'examples'} (layer {layer}) imports "
-                                f"{dotted} ({part}, layer {PARTS[part][0]})")
+                problems.append(
+                    f"{where}:{line}: {importer_part or 'examples'} (layer {layer}) imports "
+                    f"{dotted} ({part}, layer {PARTS[part][0]})"
+                )
         own_package = module if is_package else module.rpartition(".")[0]
         for name in names:
             private = name.startswith("_") and not name.startswith("__")
             sibling_module = target == own_package and is_module(f"{target}.{name}")
             if private and not sibling_module:
                 problems.append(f"{where}:{line}: imports {target}.{name}, another module's private name")
-        if any(piece.startswith("_") and not piece.startswith("__") for piece in target.split(".")):
-            if target.rpartition(".")[0] != own_package:
-                problems.append(f"{where}:{line}: imports private module {target}")
+        private_module = any(piece.startswith("_") and not piece.startswith("__") for piece in target.split("."))
+        if private_module and target.rpartition(".")[0] != own_package:
+            problems.append(f"{where}:{line}: imports private module {target}")
     return problems
 
 
@@ -124,8 +126,11 @@ def test_examples_use_parts_only_through_their_public_modules():
 
 def test_every_module_lives_where_its_import_name_says():
     """A reader finds `lightning_otel.<part>.x` at `<folder>/lightning_otel/<part>/x.py`."""
-    misplaced = [f"{path.relative_to(ROOT)} is {module_name(path)}, owned by {part_of_module(module_name(path))}"
-                 for part, path in part_sources() if part_of_module(module_name(path)) != part]
+    misplaced = [
+        f"{path.relative_to(ROOT)} is {module_name(path)}, owned by {part_of_module(module_name(path))}"
+        for part, path in part_sources()
+        if part_of_module(module_name(path)) != part
+    ]
     assert not misplaced, "\n".join(misplaced)
 
 
@@ -133,10 +138,12 @@ def test_the_rule_catches_what_it_should(tmp_path, monkeypatch):
     """The checker itself: an upward import, a sideways import and a private name are each caught."""
     fake = tmp_path / "collector" / "lightning_otel" / "collector" / "bad.py"
     fake.parent.mkdir(parents=True)
-    fake.write_text("from lightning_otel.trainer.update import build_batch\n"
-                    "from lightning_otel.gateway import server\n"
-                    "from lightning_otel.core.otlp import _private\n"
-                    "from lightning_otel.core import schema\n")
+    fake.write_text(
+        "from lightning_otel.trainer.update import build_batch\n"
+        "from lightning_otel.gateway import server\n"
+        "from lightning_otel.core.otlp import _private\n"
+        "from lightning_otel.core import schema\n"
+    )
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     for folder in ("trainer/lightning_otel/trainer", "gateway/lightning_otel/gateway", "core/lightning_otel/core"):
         (tmp_path / folder).mkdir(parents=True)

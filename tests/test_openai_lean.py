@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import wait_for
+
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
 
@@ -109,17 +109,46 @@ print(json.dumps({"rollout": rollout.rollout_id, "returned": returned, "unasked"
 
 
 def _run_agent(vllm_server, collector, hide: bool) -> dict:
-    out = subprocess.run([sys.executable, "-c", AGENT, collector.traces_endpoint, vllm_server.base_url, vllm_server.served_model_name,
-                          "hide" if hide else "show"], capture_output=True, text=True, timeout=180)  # fmt: skip
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            AGENT,
+            collector.traces_endpoint,
+            vllm_server.base_url,
+            vllm_server.served_model_name,
+            "hide" if hide else "show",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _spans(collector, rollout_id: str, expected: int) -> list[dict]:
     conn = connect(collector.data_dir)
-    query = ("SELECT span_id, parent_span_id, name, span_kind, status_code, prompt_token_ids, completion_token_ids, "
-             "completion_logprobs, token_count_completion, policy_version, finish_reason, model_name, events, attributes FROM spans WHERE rollout_id = ? ORDER BY start_time")  # fmt: skip
-    columns = ["span_id", "parent", "name", "kind", "status", "prompt", "completion", "logprobs", "count", "version", "finish", "model", "events", "attributes"]
+    query = (
+        "SELECT span_id, parent_span_id, name, span_kind, status_code, prompt_token_ids, completion_token_ids, "
+        "completion_logprobs, token_count_completion, policy_version, finish_reason, model_name, events, attributes FROM spans WHERE rollout_id = ? ORDER BY start_time"
+    )
+    columns = [
+        "span_id",
+        "parent",
+        "name",
+        "kind",
+        "status",
+        "prompt",
+        "completion",
+        "logprobs",
+        "count",
+        "version",
+        "finish",
+        "model",
+        "events",
+        "attributes",
+    ]
     rows = wait_for(lambda: conn.execute(query, [rollout_id]).fetchall(), lambda r: len(r) >= expected)
     return [dict(zip(columns, row)) for row in rows]
 
@@ -135,12 +164,20 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
     root = next(s for s in spans if s["name"] == schema.SPAN_ROLLOUT)
     llm = [s for s in spans if s["kind"] == schema.KIND_LLM]
     assert len(llm) == 14 and all(s["parent"] == root["span_id"] for s in llm)
-    complete = [s for s in llm if s["status"] != "ERROR" and s["completion"] and s["prompt"] and len(s["completion"]) <= 5]
+    complete = [
+        s for s in llm if s["status"] != "ERROR" and s["completion"] and s["prompt"] and len(s["completion"]) <= 5
+    ]
     stored = sorted((list(s["prompt"]), list(s["completion"]), s["logprobs"]) for s in complete if s["finish"])
     asked = [(p, c, pytest.approx(lp)) for p, c, lp, _ in result["returned"]]
     greedy = asked[-1]  # the last chat call that asked: greedy, as the two unasked chat calls
-    text = next(s for s in complete if s["name"] == "Completion" and s["attributes"][schema.OUTPUT_VALUE] == result["unasked"][-1]["text"])
-    expected = sorted(asked + [greedy, greedy, (list(text["prompt"]), list(text["completion"]), pytest.approx(text["logprobs"]))])
+    text = next(
+        s
+        for s in complete
+        if s["name"] == "Completion" and s["attributes"][schema.OUTPUT_VALUE] == result["unasked"][-1]["text"]
+    )
+    expected = sorted(
+        asked + [greedy, greedy, (list(text["prompt"]), list(text["completion"]), pytest.approx(text["logprobs"]))]
+    )
     assert stored == expected  # calls that did not ask still captured the ids and logprobs vLLM returned
     # ... and their callers got what an uninstrumented client gets: no token ids, no logprobs (vLLM's nulls)
     assert [u["fields"] for u in result["unasked"]] == result["bare"]
@@ -150,7 +187,9 @@ def test_lean_spans_capture_what_vllm_returned(vllm_server, session_collector):
     assert result["scanned"] == [True] * 7
     for s in complete:
         assert s["version"] is not None and s["count"] == len(s["completion"])
-        assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]} | {u["text"] for u in result["unasked"]}
+        assert s["attributes"][schema.OUTPUT_VALUE] in {text for *_, text in result["returned"]} | {
+            u["text"] for u in result["unasked"]
+        }
     chats = [s for s in complete if s["name"] == "ChatCompletion"]
     assert len(chats) == 9
     assert all(s["attributes"][INPUT_CONTENT] == "count to three" for s in chats)
@@ -181,17 +220,17 @@ class _BrokenStream:
     """Stands in for an SDK Stream: a recording failure cannot be made to happen with real vLLM
     responses (they are always well formed), so the callbacks themselves fail here."""
 
-    def __init__(self, chunks):  # noqa: ANN001
+    def __init__(self, chunks):
         self._iterator = iter(chunks)
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self):
         return self._iterator
 
 
 def test_a_recording_failure_never_reaches_the_caller():
     from lightning_otel.instrumentation.integrations.openai_capture import watch as _watch
 
-    def broken(*_args):  # noqa: ANN002
+    def broken(*_args):
         raise RuntimeError("recording bug")
 
     stream = _watch(_BrokenStream([1, 2, 3]), broken, broken)
@@ -209,7 +248,7 @@ def test_lean_spans_pending_at_exit_are_exported(vllm_server, session_collector)
         f"client = openai.OpenAI(base_url={vllm_server.base_url!r}, api_key='x')\n"
         "with lightning_otel.rollout(task_id='lean-exit-task'):\n"
         f"    client.chat.completions.create(model={vllm_server.served_model_name!r}, messages=[{{'role': 'user', 'content': 'hi'}}], max_tokens=3)\n"
-    )  # fmt: skip
+    )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     conn = connect(session_collector.data_dir)
     query = "SELECT name, len(completion_token_ids) FROM spans WHERE service_name = 'lean-exit' AND span_kind = 'LLM'"
@@ -237,7 +276,7 @@ def test_the_attribute_cap_cuts_text_and_keeps_ids(vllm_server, session_collecto
         "    long = str(e)\n"
         "inst.flush()\n"
         "print(json.dumps([r.rollout_id, reply.model_extra['prompt_token_ids'], reply.choices[0].model_extra['token_ids'], short, long]))\n"
-    )  # fmt: skip
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     rollout_id, prompt, completion, short, long = json.loads(out.stdout.strip().splitlines()[-1])

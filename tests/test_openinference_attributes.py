@@ -25,12 +25,20 @@ BODY = {
     "max_tokens": 8,
     "messages": [
         {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "what is 2+2?"}, {"type": "image_url", "image_url": {"url": "x"}}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 2, \"b\": 2}"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "what is 2+2?"}, {"type": "image_url", "image_url": {"url": "x"}}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "4"},
     ],
-}  # fmt: skip
+}
 
 
 def test_request_attributes_flatten_messages_like_openinference():
@@ -69,12 +77,23 @@ def test_text_completion_request_has_no_messages():
 
 
 CHAT_RESPONSE = {
-    "id": "c1", "object": "chat.completion", "created": 1, "model": "policy",
-    "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-        "role": "assistant", "content": "let me add",
-        "tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "add", "arguments": "{}"}}]}}],
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "policy",
+    "choices": [
+        {
+            "index": 0,
+            "finish_reason": "tool_calls",
+            "message": {
+                "role": "assistant",
+                "content": "let me add",
+                "tool_calls": [{"id": "call_2", "type": "function", "function": {"name": "add", "arguments": "{}"}}],
+            },
+        }
+    ],
     "usage": {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17},
-}  # fmt: skip
+}
 
 
 def test_response_attributes_from_sdk_object_and_dict_agree():
@@ -82,8 +101,15 @@ def test_response_attributes_from_sdk_object_and_dict_agree():
     from_sdk = response_attributes("chat", ChatCompletion.model_validate(CHAT_RESPONSE), hide_outputs=False)
     assert from_dict == from_sdk
     assert from_sdk[schema.LLM_MODEL_NAME] == "policy"
-    assert (from_sdk[schema.LLM_TOKEN_COUNT_PROMPT], from_sdk[schema.LLM_TOKEN_COUNT_COMPLETION], from_sdk[schema.LLM_TOKEN_COUNT_TOTAL]) == (12, 5, 17)
-    assert from_sdk[_output(schema.MESSAGE_ROLE)] == "assistant" and from_sdk[_output(schema.MESSAGE_CONTENT)] == "let me add"
+    assert (
+        from_sdk[schema.LLM_TOKEN_COUNT_PROMPT],
+        from_sdk[schema.LLM_TOKEN_COUNT_COMPLETION],
+        from_sdk[schema.LLM_TOKEN_COUNT_TOTAL],
+    ) == (12, 5, 17)
+    assert (
+        from_sdk[_output(schema.MESSAGE_ROLE)] == "assistant"
+        and from_sdk[_output(schema.MESSAGE_CONTENT)] == "let me add"
+    )
     assert from_sdk[f"{_output(schema.MESSAGE_TOOL_CALLS)}.0.{schema.TOOL_CALL_FUNCTION_NAME}"] == "add"
     assert from_sdk[schema.OUTPUT_VALUE] == "let me add" and from_sdk[schema.OUTPUT_MIME_TYPE] == "text/plain"
 
@@ -96,8 +122,13 @@ def test_hidden_outputs_keep_model_and_counts():
 
 
 def test_text_completion_response_and_stream_chunks():
-    response = {"id": "t", "object": "text_completion", "created": 1, "model": "m",
-                "choices": [{"index": 0, "text": " three", "finish_reason": "length", "logprobs": None}]}  # fmt: skip
+    response = {
+        "id": "t",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "text": " three", "finish_reason": "length", "logprobs": None}],
+    }
     a = response_attributes("completions", Completion.model_validate(response), hide_outputs=False)
     assert a[schema.OUTPUT_VALUE] == " three" and not any(k.startswith(schema.LLM_OUTPUT_MESSAGES) for k in a)
     assert stream_text("completions", response) == " three"

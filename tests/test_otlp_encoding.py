@@ -18,28 +18,51 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState, set_span_in_context
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+    set_span_in_context,
+)
 
 from lightning_otel.instrumentation import configure, otlp_encoding
 from lightning_otel.instrumentation.otlp_encoding import encode_request
 
 INT64 = st.integers(min_value=-(1 << 63), max_value=(1 << 63) - 1)
 SCALARS = st.one_of(st.text(max_size=30), st.booleans(), INT64, st.floats(allow_nan=False), st.binary(max_size=40))
-ARRAYS = st.one_of(st.lists(st.text(max_size=5), max_size=4), st.lists(INT64, max_size=4), st.lists(st.floats(allow_nan=False), max_size=4),
-                   st.lists(st.booleans(), max_size=4))  # fmt: skip  (the SDK keeps homogeneous sequences only)
+ARRAYS = st.one_of(
+    st.lists(st.text(max_size=5), max_size=4),
+    st.lists(INT64, max_size=4),
+    st.lists(st.floats(allow_nan=False), max_size=4),
+    st.lists(st.booleans(), max_size=4),
+)  # fmt: skip  (the SDK keeps homogeneous sequences only)
 ATTRIBUTES = st.dictionaries(st.text(max_size=12), st.one_of(SCALARS, ARRAYS), max_size=8)
-SPAN = st.fixed_dictionaries({
-    "name": st.text(max_size=20), "kind": st.sampled_from(list(SpanKind)), "attributes": ATTRIBUTES,
-    "events": st.lists(st.tuples(st.text(max_size=8), ATTRIBUTES), max_size=2),
-    "status": st.sampled_from([None, (StatusCode.OK, None), (StatusCode.ERROR, "boom"), (StatusCode.ERROR, None)]),
-    "parent": st.sampled_from(["none", "local", "remote"]), "link": st.booleans(), "scope": st.integers(0, 2),
-})  # fmt: skip
+SPAN = st.fixed_dictionaries(
+    {
+        "name": st.text(max_size=20),
+        "kind": st.sampled_from(list(SpanKind)),
+        "attributes": ATTRIBUTES,
+        "events": st.lists(st.tuples(st.text(max_size=8), ATTRIBUTES), max_size=2),
+        "status": st.sampled_from([None, (StatusCode.OK, None), (StatusCode.ERROR, "boom"), (StatusCode.ERROR, None)]),
+        "parent": st.sampled_from(["none", "local", "remote"]),
+        "link": st.booleans(),
+        "scope": st.integers(0, 2),
+    }
+)
 
 
 def _finished(specs: list[dict], limits: SpanLimits | None = None) -> list[ReadableSpan]:
     """Spans made by the SDK from the specs, under two resources and three scopes."""
     memory = InMemorySpanExporter()
-    providers = [TracerProvider(resource=Resource.create({"service.name": name, "n": i}), span_limits=limits) for i, name in enumerate("ab")]
+    providers = [
+        TracerProvider(resource=Resource.create({"service.name": name, "n": i}), span_limits=limits)
+        for i, name in enumerate("ab")
+    ]
     for provider in providers:
         provider.add_span_processor(SimpleSpanProcessor(memory))
     scopes = [("s0", None, None, None), ("s1", "1.2", "https://schema", {"k": "v"}), ("s2", "", None, {"n": 3})]
@@ -52,7 +75,9 @@ def _finished(specs: list[dict], limits: SpanLimits | None = None) -> list[Reada
         parent = {"none": None, "local": local, "remote": remote}[spec["parent"]]
         context = set_span_in_context(NonRecordingSpan(parent)) if parent else None
         links = [Link(remote, {"l": 1})] if spec["link"] else []
-        span = tracer.start_span(spec["name"], context=context, kind=spec["kind"], attributes=spec["attributes"], links=links)
+        span = tracer.start_span(
+            spec["name"], context=context, kind=spec["kind"], attributes=spec["attributes"], links=links
+        )
         for event_name, event_attributes in spec["events"]:
             span.add_event(event_name, event_attributes)
         if spec["status"]:
@@ -82,14 +107,33 @@ def test_the_compiled_encoder_is_built():
     assert otlp_encoding._compiled is not None
 
 
-PLAIN = st.one_of(st.none(), st.text(max_size=30), st.booleans(), st.integers(min_value=-(1 << 70), max_value=1 << 70),
-                  st.floats(allow_nan=False), st.binary(max_size=40), st.text(min_size=200, max_size=300))  # fmt: skip
-HAND_MADE = st.fixed_dictionaries({
-    "name": st.text(max_size=20), "kind": st.sampled_from(list(SpanKind)), "attributes": st.dictionaries(st.text(max_size=12), PLAIN, max_size=10),
-    "parent": st.sampled_from([None, False, True]), "times": st.tuples(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1)),
-    "status": st.sampled_from([Status(StatusCode.UNSET), Status(StatusCode.OK), Status(StatusCode.ERROR, "boom"), Status(StatusCode.ERROR)]),
-    "ids": st.tuples(st.integers(1, (1 << 128) - 1), st.integers(1, (1 << 64) - 1)),
-})  # fmt: skip
+PLAIN = st.one_of(
+    st.none(),
+    st.text(max_size=30),
+    st.booleans(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=False),
+    st.binary(max_size=40),
+    st.text(min_size=200, max_size=300),
+)
+HAND_MADE = st.fixed_dictionaries(
+    {
+        "name": st.text(max_size=20),
+        "kind": st.sampled_from(list(SpanKind)),
+        "attributes": st.dictionaries(st.text(max_size=12), PLAIN, max_size=10),
+        "parent": st.sampled_from([None, False, True]),
+        "times": st.tuples(st.integers(0, (1 << 64) - 1), st.integers(0, (1 << 64) - 1)),
+        "status": st.sampled_from(
+            [
+                Status(StatusCode.UNSET),
+                Status(StatusCode.OK),
+                Status(StatusCode.ERROR, "boom"),
+                Status(StatusCode.ERROR),
+            ]
+        ),
+        "ids": st.tuples(st.integers(1, (1 << 128) - 1), st.integers(1, (1 << 64) - 1)),
+    }
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -103,12 +147,25 @@ def test_the_lean_spans_shape_encodes_alike_through_the_compiled_path(specs):
         trace_id, span_id = spec["ids"]
         context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
         parent = None if spec["parent"] is None else SpanContext(trace_id, 99, is_remote=spec["parent"])
-        spans.append(ReadableSpan(spec["name"], context, parent, resource, dict(spec["attributes"]), kind=spec["kind"],
-                                  status=spec["status"], start_time=spec["times"][0], end_time=spec["times"][1]))  # fmt: skip
+        spans.append(
+            ReadableSpan(
+                spec["name"],
+                context,
+                parent,
+                resource,
+                dict(spec["attributes"]),
+                kind=spec["kind"],
+                status=spec["status"],
+                start_time=spec["times"][0],
+                end_time=spec["times"][1],
+            )
+        )
     _same_as_sdk(spans)
     if otlp_encoding._compiled is not None:
         taken = [otlp_encoding._compiled.span_bytes(span) is not None for span in spans]
-        fits = [all(not isinstance(v, int) or -(1 << 63) <= v < 1 << 63 for v in span.attributes.values()) for span in spans]
+        fits = [
+            all(not isinstance(v, int) or -(1 << 63) <= v < 1 << 63 for v in span.attributes.values()) for span in spans
+        ]
         assert taken == fits  # the compiled path took every span it can encode
 
 
@@ -126,7 +183,9 @@ def test_dropped_counts_and_cut_values_encode_alike(specs):
 
 def _readable(attributes: dict) -> ReadableSpan:
     context = SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    return ReadableSpan("hand-made", context, attributes=attributes, resource=Resource.create({"r": "x"}), start_time=5, end_time=9)
+    return ReadableSpan(
+        "hand-made", context, attributes=attributes, resource=Resource.create({"r": "x"}), start_time=5, end_time=9
+    )
 
 
 def test_values_only_a_hand_made_span_holds_encode_alike():
@@ -138,9 +197,25 @@ def test_values_only_a_hand_made_span_holds_encode_alike():
     class Number(int):
         pass
 
-    spans = [_readable({"map": {"a": 1, "b": [1, "x", None], "c": {"d": b"\x00"}}, "none": None, "mixed": (1, "a", 2.5, True),
-                        "long": "é" * 20_000, "blob": bytes(70_000), "sub": Text("t"), "subint": Number(7), "neg": -1, "zero": 0,
-                        "empty": "", "": "no key", "false": False, "bytearray": bytearray(b"ab")})]  # fmt: skip
+    spans = [
+        _readable(
+            {
+                "map": {"a": 1, "b": [1, "x", None], "c": {"d": b"\x00"}},
+                "none": None,
+                "mixed": (1, "a", 2.5, True),
+                "long": "é" * 20_000,
+                "blob": bytes(70_000),
+                "sub": Text("t"),
+                "subint": Number(7),
+                "neg": -1,
+                "zero": 0,
+                "empty": "",
+                "": "no key",
+                "false": False,
+                "bytearray": bytearray(b"ab"),
+            }
+        )
+    ]
     _same_as_sdk(spans)
 
 
@@ -150,22 +225,26 @@ def test_an_attribute_neither_can_encode_is_left_out_and_logged(caplog):
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger=otlp_encoding.__name__):
         encode_request(spans)
-    kept = [kv.key for kv in ExportTraceServiceRequest.FromString(ours).resource_spans[0].scope_spans[0].spans[0].attributes]
+    kept = [
+        kv.key for kv in ExportTraceServiceRequest.FromString(ours).resource_spans[0].scope_spans[0].spans[0].attributes
+    ]
     assert kept == ["ok", "after"]
-    ours_logged = [r for r in caplog.records if r.name == otlp_encoding.__name__ and "Failed to encode key" in r.getMessage()]
+    ours_logged = [
+        r for r in caplog.records if r.name == otlp_encoding.__name__ and "Failed to encode key" in r.getMessage()
+    ]
     assert len(ours_logged) == 3
 
 
 class _Receiver(http.server.BaseHTTPRequestHandler):
     bodies: list[bytes] = []
 
-    def do_POST(self):  # noqa: N802 - http.server's name
+    def do_POST(self):
         self.bodies.append(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def log_message(self, *args):  # noqa: ANN002
+    def log_message(self, *args):
         pass
 
 
@@ -184,8 +263,20 @@ def receiver():
 
 def test_instruments_exporter_sends_our_bytes_and_falls_back_to_the_sdks(receiver, monkeypatch):
     url, bodies = receiver
-    spans = _finished([{"name": "x", "kind": SpanKind.CLIENT, "attributes": {"a": 1}, "events": [], "status": None, "parent": "none",
-                        "link": False, "scope": 0}])  # fmt: skip
+    spans = _finished(
+        [
+            {
+                "name": "x",
+                "kind": SpanKind.CLIENT,
+                "attributes": {"a": 1},
+                "events": [],
+                "status": None,
+                "parent": "none",
+                "link": False,
+                "scope": 0,
+            }
+        ]
+    )
     exporter = configure._CountingExporter(endpoint=url, timeout=5)
     assert exporter.export(spans) == SpanExportResult.SUCCESS
     assert bodies == [encode_request(spans)]

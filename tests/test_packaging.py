@@ -80,7 +80,9 @@ def test_agent_side_import_loads_no_heavy_module():
 
 
 def test_cli_help_lists_the_subcommands():
-    result = subprocess.run([sys.executable, "-m", "lightning_otel", "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "lightning_otel", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0
     for command in ("collector", "sql", "gateway", "serve", "train", "dashboard"):
         assert command in result.stdout

@@ -11,17 +11,16 @@ import argparse
 import re
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-
 from helpers import local_collector
+from opentelemetry import trace
 from otlp_helpers import make_spans, post, request_bytes
 
 from lightning_otel.collector import connect
-from lightning_otel.dashboards.report import ReportError, parse_steps, parse_time, write_report
 from lightning_otel.core import schema
-from opentelemetry import trace
+from lightning_otel.dashboards.report import ReportError, parse_steps, parse_time, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PNGS = ("reward_curve.png", "samples_per_rollout.png", "latency.png")
@@ -35,7 +34,7 @@ def _cells(markdown: str, label: str, table: str = "") -> list[str]:
     header starts with `table`, if given)."""
     lines = markdown.splitlines()
     if table:
-        lines = lines[next(i for i, line in enumerate(lines) if line.startswith(f"| {table} |")):]
+        lines = lines[next(i for i, line in enumerate(lines) if line.startswith(f"| {table} |")) :]
     for line in lines:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and cells[0] == label:
@@ -59,13 +58,17 @@ def _check_pngs(folder) -> None:
 
 
 def _report(data_dir, out, *args):
-    return subprocess.run([sys.executable, "-m", "lightning_otel", "report", "--data-dir", str(data_dir),
-                           "--out", str(out), *args], capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "lightning_otel", "report", "--data-dir", str(data_dir), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 # --- a synthetic training loop with known numbers ---------------------------------------------------
 
-T0 = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 STEPS = 3
 ROLLOUTS_PER_STEP = 4
 
@@ -79,8 +82,12 @@ def _step_time(step: int) -> float:
 
 
 def _span(tracer, name: str, begin: float, end: float, attributes: dict, parent=None, error: bool = False):
-    span = tracer.start_span(name, context=trace.set_span_in_context(parent) if parent else None,
-                             start_time=_ns(begin), attributes=attributes)  # fmt: skip
+    span = tracer.start_span(
+        name,
+        context=trace.set_span_in_context(parent) if parent else None,
+        start_time=_ns(begin),
+        attributes=attributes,
+    )
     if error:
         span.set_status(trace.Status(trace.StatusCode.ERROR, "boom"))
     span.end(end_time=_ns(end))
@@ -94,28 +101,82 @@ def _build(tracer) -> None:
         for j in range(ROLLOUTS_PER_STEP):
             begin = 100.0 * step + j
             ids = {schema.ROLLOUT_ID: f"r{step}-{j}", schema.TASK_ID: f"task{j % 2}", schema.ATTEMPT: 1}
-            root = tracer.start_span(schema.SPAN_ROLLOUT, start_time=_ns(begin),
-                                     attributes={**ids, schema.ROLLOUT_ROOT: True, kind: schema.KIND_AGENT})  # fmt: skip
+            root = tracer.start_span(
+                schema.SPAN_ROLLOUT,
+                start_time=_ns(begin),
+                attributes={**ids, schema.ROLLOUT_ROOT: True, kind: schema.KIND_AGENT},
+            )
             for k in range(2):  # 100 ms and 200 ms, served by the version the previous step produced
-                _span(tracer, "ChatCompletion", begin + k, begin + k + 0.1 * (k + 1), parent=root, attributes={
-                    **ids, kind: schema.KIND_LLM, schema.LLM_MODEL_NAME: "policy",
-                    schema.POLICY_VERSION: str(step - 1), schema.COMPLETION_TOKEN_IDS: [1, 2, 3]})  # fmt: skip
-            _span(tracer, "add", begin + 0.5, begin + 0.6, parent=root, error=j == 0,
-                  attributes={**ids, kind: schema.KIND_TOOL, schema.TOOL_NAME: "add"})  # fmt: skip
-            _span(tracer, schema.SPAN_REWARD, begin + 3, begin + 3, parent=root, attributes={
-                **ids, kind: schema.KIND_EVALUATOR, schema.REWARD_NAME: schema.DEFAULT_REWARD_NAME,
-                schema.REWARD_VALUE: 0.25 * step})  # fmt: skip
+                _span(
+                    tracer,
+                    "ChatCompletion",
+                    begin + k,
+                    begin + k + 0.1 * (k + 1),
+                    parent=root,
+                    attributes={
+                        **ids,
+                        kind: schema.KIND_LLM,
+                        schema.LLM_MODEL_NAME: "policy",
+                        schema.POLICY_VERSION: str(step - 1),
+                        schema.COMPLETION_TOKEN_IDS: [1, 2, 3],
+                    },
+                )
+            _span(
+                tracer,
+                "add",
+                begin + 0.5,
+                begin + 0.6,
+                parent=root,
+                error=j == 0,
+                attributes={**ids, kind: schema.KIND_TOOL, schema.TOOL_NAME: "add"},
+            )
+            _span(
+                tracer,
+                schema.SPAN_REWARD,
+                begin + 3,
+                begin + 3,
+                parent=root,
+                attributes={
+                    **ids,
+                    kind: schema.KIND_EVALUATOR,
+                    schema.REWARD_NAME: schema.DEFAULT_REWARD_NAME,
+                    schema.REWARD_VALUE: 0.25 * step,
+                },
+            )
             root.end(end_time=_ns(begin + 3))
         finished = _step_time(step)
-        _span(tracer, schema.SPAN_TRAIN_STEP, finished, finished, attributes={
-            schema.TRAIN_STEP: step, schema.TRAIN_VERSION: str(step), schema.TRAIN_ROLLOUTS: ROLLOUTS_PER_STEP,
-            schema.TRAIN_SAMPLES: 5, schema.TRAIN_MEAN_REWARD: 0.25 * step, schema.TRAIN_LOSS: 0.1,
-            schema.TRAIN_SWAP_SECONDS: 0.5, schema.TRAIN_SAMPLES_PER_ROLLOUT: [3, 1]})  # fmt: skip
+        _span(
+            tracer,
+            schema.SPAN_TRAIN_STEP,
+            finished,
+            finished,
+            attributes={
+                schema.TRAIN_STEP: step,
+                schema.TRAIN_VERSION: str(step),
+                schema.TRAIN_ROLLOUTS: ROLLOUTS_PER_STEP,
+                schema.TRAIN_SAMPLES: 5,
+                schema.TRAIN_MEAN_REWARD: 0.25 * step,
+                schema.TRAIN_LOSS: 0.1,
+                schema.TRAIN_SWAP_SECONDS: 0.5,
+                schema.TRAIN_SAMPLES_PER_ROLLOUT: [3, 1],
+            },
+        )
         for j in range(ROLLOUTS_PER_STEP):  # written after the step, as the trainer does: one boundary each
             cause = {schema.MERGE_CAUSE: "retokenized"} if j == 0 else {}
-            _span(tracer, schema.SPAN_MERGE_BOUNDARY, finished + 1, finished + 1, attributes={
-                schema.MERGE_ROLLOUT: f"r{step}-{j}", schema.MERGE_MERGED: j != 0, schema.MERGE_CHAIN: 0,
-                schema.MERGE_PREV_SPAN: f"p{j}", schema.MERGE_NEXT_SPAN: f"n{j}", **cause})  # fmt: skip
+            _span(
+                tracer,
+                schema.SPAN_MERGE_BOUNDARY,
+                finished + 1,
+                finished + 1,
+                attributes={
+                    schema.MERGE_ROLLOUT: f"r{step}-{j}",
+                    schema.MERGE_MERGED: j != 0,
+                    schema.MERGE_CHAIN: 0,
+                    schema.MERGE_PREV_SPAN: f"p{j}",
+                    schema.MERGE_NEXT_SPAN: f"n{j}",
+                    **cause,
+                },
+            )
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +258,12 @@ def test_empty_store(tmp_path):
 
 
 def test_parse_time():
-    now = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
     assert parse_time("2h", now) == now - timedelta(hours=2)
     assert parse_time("1h30m ago", now) == now - timedelta(minutes=90)
     assert parse_time("45s", now) == now - timedelta(seconds=45)
-    assert parse_time("2025-06-01T10:00:00Z") == datetime(2025, 6, 1, 10, tzinfo=timezone.utc)
-    assert parse_time("2025-06-01 12:00+02:00") == datetime(2025, 6, 1, 10, tzinfo=timezone.utc)
+    assert parse_time("2025-06-01T10:00:00Z") == datetime(2025, 6, 1, 10, tzinfo=UTC)
+    assert parse_time("2025-06-01 12:00+02:00") == datetime(2025, 6, 1, 10, tzinfo=UTC)
     for bad in ("yesterday", "2h5", "-3h", "2025-13-01"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_time(bad, now)
@@ -215,12 +276,15 @@ def test_parse_steps():
             parse_steps(bad)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--since", "yesterday"], "argument --since: 'yesterday' is neither an ISO-8601 time"),
-    (["--steps", "3:1"], "argument --steps: '3:1': FIRST (3) is after LAST (1)"),
-    (["--steps", "1:2", "--since", "2h"], "--steps selects its own window"),
-    (["--since", "1h", "--until", "2h"], "is not before --until"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "yesterday"], "argument --since: 'yesterday' is neither an ISO-8601 time"),
+        (["--steps", "3:1"], "argument --steps: '3:1': FIRST (3) is after LAST (1)"),
+        (["--steps", "1:2", "--since", "2h"], "--steps selects its own window"),
+        (["--since", "1h", "--until", "2h"], "is not before --until"),
+    ],
+)
 def test_bad_arguments_are_argparse_errors(tmp_path, args, message):
     result = _report(tmp_path, tmp_path / "out", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
@@ -244,7 +308,7 @@ def test_demo_report_matches_sql(demo_run, tmp_path):
     boundaries, rate = one("SELECT count(*), avg(merged::INT) FROM merge_diagnostics")
     assert f"Merge rate: {100 * rate:.1f}% of {boundaries} boundaries" in markdown
     for model, calls, p50, p95 in conn.execute("""SELECT model_name, count(*), quantile_cont(duration_ms, 0.5),
-            quantile_cont(duration_ms, 0.95) FROM llm_calls GROUP BY 1""").fetchall():  # fmt: skip
+            quantile_cont(duration_ms, 0.95) FROM llm_calls GROUP BY 1""").fetchall():
         assert _cells(markdown, model, "model")[:3] == [str(calls), f"{p50:.1f}", f"{p95:.1f}"]
     _check_pngs(tmp_path)
 
@@ -257,18 +321,20 @@ def test_demo_steps_window_via_cli(demo_run, tmp_path):
     assert result.stdout.strip() == str(tmp_path / "summary.md")
     markdown = (tmp_path / "summary.md").read_text()
     # Independently: rollouts that started after the previous step's span and before this one's.
-    expected = conn.execute("""SELECT count(*) FROM rollouts WHERE start_time <
+    expected = conn.execute(
+        """SELECT count(*) FROM rollouts WHERE start_time <
             (SELECT max(time) FROM train_steps WHERE step = $last) AND start_time >=
             coalesce((SELECT max(time) FROM train_steps WHERE step < $last), '-infinity'::TIMESTAMPTZ)""",
-        {"last": last}).fetchone()[0]  # fmt: skip
+        {"last": last},
+    ).fetchone()[0]
     assert _count(markdown, "rollouts") == expected > 0
     assert _count(markdown, "train steps") == 1
     mean_reward, trained, merge_rate = conn.execute(
-        "SELECT mean_reward, rollouts, merge_rate FROM train_steps WHERE step = ?", [last]).fetchone()  # fmt: skip
+        "SELECT mean_reward, rollouts, merge_rate FROM train_steps WHERE step = ?", [last]
+    ).fetchone()
     # The demo is a steady loop: the window holds exactly the rollouts the step trained on, and their
     # merge diagnostics give the merge rate the trainer reported for the step.
     assert _count(markdown, "rollouts") == trained
     assert f"Merge rate: {100 * merge_rate:.1f}% of" in markdown
     assert re.search(rf"{mean_reward:.3f} \(step {last}\) -> {mean_reward:.3f} \(step {last}\)", markdown)
     _check_pngs(tmp_path)
-

@@ -46,8 +46,11 @@ def _canonical(tokenizer, text):
 
 def test_an_exact_continuation_merges(tokenizer):
     answer = " apple banana"
-    samples, diagnosis = _boundary(tokenizer, _canonical(tokenizer, answer),
-                                   [SYSTEM, USER, {"role": "assistant", "content": answer}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    samples, diagnosis = _boundary(
+        tokenizer,
+        _canonical(tokenizer, answer),
+        [SYSTEM, USER, {"role": "assistant", "content": answer}, {"role": "tool", "content": "ok"}],
+    )
     assert diagnosis is None and len(samples) == 1
 
 
@@ -57,8 +60,11 @@ def test_retokenized_completion(tokenizer):
     spelled = [tokenizer.convert_tokens_to_ids(ch) for ch in ["Ġ", "a", "p", "p", "l", "e"]]
     completion = spelled + tokenizer.encode(" banana", add_special_tokens=False) + [tokenizer.eos_token_id]
     assert tokenizer.decode(completion, skip_special_tokens=True) == answer
-    samples, diagnosis = _boundary(tokenizer, completion,
-                                   [SYSTEM, USER, {"role": "assistant", "content": answer}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    samples, diagnosis = _boundary(
+        tokenizer,
+        completion,
+        [SYSTEM, USER, {"role": "assistant", "content": answer}, {"role": "tool", "content": "ok"}],
+    )
     assert len(samples) == 2
     assert diagnosis.cause == "retokenized" and diagnosis.region == "completion"
     assert diagnosis.position == len(render(tokenizer, [SYSTEM, USER]))  # the first token of the completion
@@ -66,15 +72,21 @@ def test_retokenized_completion(tokenizer):
 
 def test_reasoning_block_dropped_by_the_template(tokenizer):
     completion = _canonical(tokenizer, "<think>check the number</think> answer 42")
-    _, diagnosis = _boundary(tokenizer, completion,
-                             [SYSTEM, USER, {"role": "assistant", "content": "answer 42"}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    _, diagnosis = _boundary(
+        tokenizer,
+        completion,
+        [SYSTEM, USER, {"role": "assistant", "content": "answer 42"}, {"role": "tool", "content": "ok"}],
+    )
     assert diagnosis.cause == "template_changed" and "reasoning" in diagnosis.detail
 
 
 def test_whitespace_trimmed_by_the_template(tokenizer):
     completion = _canonical(tokenizer, "answer 42\n\n")
-    _, diagnosis = _boundary(tokenizer, completion,
-                             [SYSTEM, USER, {"role": "assistant", "content": "answer 42"}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    _, diagnosis = _boundary(
+        tokenizer,
+        completion,
+        [SYSTEM, USER, {"role": "assistant", "content": "answer 42"}, {"role": "tool", "content": "ok"}],
+    )
     assert diagnosis.cause == "template_changed" and "whitespace" in diagnosis.detail
 
 
@@ -103,8 +115,11 @@ def test_another_agent_or_system_prompt(tokenizer):
 
 def test_completion_rewritten_by_the_harness(tokenizer):
     completion = _canonical(tokenizer, " apple banana")
-    _, diagnosis = _boundary(tokenizer, completion,
-                             [SYSTEM, USER, {"role": "assistant", "content": " cherry"}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    _, diagnosis = _boundary(
+        tokenizer,
+        completion,
+        [SYSTEM, USER, {"role": "assistant", "content": " cherry"}, {"role": "tool", "content": "ok"}],
+    )
     assert diagnosis.cause == "completion_rewritten"
 
 
@@ -123,6 +138,7 @@ def test_invalid_utf8_replaced_on_detokenization_is_a_retokenization(tokenizer):
     completion = tokenizer.encode(" apple", add_special_tokens=False) + [stray, tokenizer.eos_token_id]
     text = tokenizer.decode(completion, skip_special_tokens=True)
     assert text.endswith("\ufffd")  # what vLLM hands the harness
-    _, diagnosis = _boundary(tokenizer, completion,
-                             [SYSTEM, USER, {"role": "assistant", "content": text}, {"role": "tool", "content": "ok"}])  # fmt: skip
+    _, diagnosis = _boundary(
+        tokenizer, completion, [SYSTEM, USER, {"role": "assistant", "content": text}, {"role": "tool", "content": "ok"}]
+    )
     assert diagnosis.cause == "retokenized" and "UTF-8" in diagnosis.detail

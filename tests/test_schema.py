@@ -5,8 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from openinference.semconv.trace import (MessageAttributes, MessageContentAttributes, OpenInferenceSpanKindValues, SpanAttributes,
-                                         ToolCallAttributes)
+from openinference.semconv.trace import (
+    MessageAttributes,
+    MessageContentAttributes,
+    OpenInferenceSpanKindValues,
+    SpanAttributes,
+    ToolCallAttributes,
+)
 
 from lightning_otel.core import schema
 
@@ -18,13 +23,37 @@ def test_openinference_names_match_the_semantic_conventions_package():
     for names in (SpanAttributes, MessageAttributes, MessageContentAttributes, ToolCallAttributes):
         semconv.update({k: v for k, v in vars(names).items() if k.isupper()})
     semconv["TOOL_CALL_FUNCTION_ARGUMENTS"] = ToolCallAttributes.TOOL_CALL_FUNCTION_ARGUMENTS_JSON
-    for name in ("OPENINFERENCE_SPAN_KIND", "LLM_MODEL_NAME", "LLM_PROVIDER", "LLM_SYSTEM", "LLM_INVOCATION_PARAMETERS",
-                 "LLM_TOKEN_COUNT_PROMPT", "LLM_TOKEN_COUNT_COMPLETION", "LLM_TOKEN_COUNT_TOTAL", "TOOL_NAME",
-                 "TOOL_PARAMETERS", "INPUT_VALUE", "INPUT_MIME_TYPE", "OUTPUT_VALUE", "OUTPUT_MIME_TYPE",
-                 "SESSION_ID", "AGENT_NAME", "LLM_INPUT_MESSAGES", "LLM_OUTPUT_MESSAGES", "MESSAGE_ROLE",
-                 "MESSAGE_CONTENT", "MESSAGE_NAME", "MESSAGE_TOOL_CALL_ID", "MESSAGE_TOOL_CALLS", "TOOL_CALL_ID",
-                 "TOOL_CALL_FUNCTION_NAME", "TOOL_CALL_FUNCTION_ARGUMENTS", "MESSAGE_CONTENTS", "MESSAGE_CONTENT_TYPE",
-                 "MESSAGE_CONTENT_TEXT"):  # fmt: skip
+    for name in (
+        "OPENINFERENCE_SPAN_KIND",
+        "LLM_MODEL_NAME",
+        "LLM_PROVIDER",
+        "LLM_SYSTEM",
+        "LLM_INVOCATION_PARAMETERS",
+        "LLM_TOKEN_COUNT_PROMPT",
+        "LLM_TOKEN_COUNT_COMPLETION",
+        "LLM_TOKEN_COUNT_TOTAL",
+        "TOOL_NAME",
+        "TOOL_PARAMETERS",
+        "INPUT_VALUE",
+        "INPUT_MIME_TYPE",
+        "OUTPUT_VALUE",
+        "OUTPUT_MIME_TYPE",
+        "SESSION_ID",
+        "AGENT_NAME",
+        "LLM_INPUT_MESSAGES",
+        "LLM_OUTPUT_MESSAGES",
+        "MESSAGE_ROLE",
+        "MESSAGE_CONTENT",
+        "MESSAGE_NAME",
+        "MESSAGE_TOOL_CALL_ID",
+        "MESSAGE_TOOL_CALLS",
+        "TOOL_CALL_ID",
+        "TOOL_CALL_FUNCTION_NAME",
+        "TOOL_CALL_FUNCTION_ARGUMENTS",
+        "MESSAGE_CONTENTS",
+        "MESSAGE_CONTENT_TYPE",
+        "MESSAGE_CONTENT_TEXT",
+    ):
         assert getattr(schema, name) == semconv[name], name
     for kind in ("LLM", "TOOL", "AGENT", "CHAIN", "EVALUATOR"):
         assert getattr(schema, f"KIND_{kind}") == OpenInferenceSpanKindValues[kind].value

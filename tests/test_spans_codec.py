@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from payloads import build_request
 
 from lightning_otel.collector import span_decoder, span_rows
 from lightning_otel.collector.span_decoder import _fast_batch, batch_from_body
 from lightning_otel.core import schema
-
-from payloads import build_request
 
 NAN = "<nan>"
 
@@ -49,12 +48,16 @@ def assert_same(body: bytes) -> None:
 
 
 def test_the_extension_is_built_here():
-    # .ci/run installs the package with a C compiler present: the fast path must be there.
-    assert span_decoder.available(), "collector/lightning_otel/collector/_spans_codec.c was not built into the installed package"
+    # `make test` installs the package with a C compiler present: the fast path must be there.
+    assert span_decoder.available(), (
+        "collector/lightning_otel/collector/_spans_codec.c was not built into the installed package"
+    )
 
 
-@pytest.mark.parametrize("training,plain,encoding", [(False, False, "bytes"), (True, False, "bytes"), (True, True, "bytes"),
-                                                      (True, False, "base64")])  # fmt: skip
+@pytest.mark.parametrize(
+    "training,plain,encoding",
+    [(False, False, "bytes"), (True, False, "bytes"), (True, True, "bytes"), (True, False, "base64")],
+)
 def test_benchmark_payloads_decode_the_same(training, plain, encoding, monkeypatch):
     from lightning_otel.core import token_encoding
 
@@ -73,33 +76,47 @@ _scalar = st.one_of(
     st.just(AnyValue()),
 )
 _array = st.builds(lambda vs: AnyValue(array_value=ArrayValue(values=vs)), st.lists(_scalar, max_size=4))
-_ints = st.builds(lambda vs: AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=v) for v in vs])),
-                  st.lists(st.integers(-(2**33), 2**33), max_size=6))  # fmt: skip
-_kvlist = st.builds(lambda kvs: AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=v) for k, v in kvs])),
-                    st.lists(st.tuples(st.text(max_size=5), _scalar), max_size=3))  # fmt: skip
+_ints = st.builds(
+    lambda vs: AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=v) for v in vs])),
+    st.lists(st.integers(-(2**33), 2**33), max_size=6),
+)
+_kvlist = st.builds(
+    lambda kvs: AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=v) for k, v in kvs])),
+    st.lists(st.tuples(st.text(max_size=5), _scalar), max_size=3),
+)
 _packed = st.builds(lambda b: AnyValue(bytes_value=b), st.binary(max_size=40))
-_b64 = st.one_of(st.builds(lambda b: AnyValue(string_value=base64.b64encode(b).decode()), st.binary(max_size=40)),
-                 st.just(AnyValue(string_value="not base64!")))  # fmt: skip
+_b64 = st.one_of(
+    st.builds(lambda b: AnyValue(string_value=base64.b64encode(b).decode()), st.binary(max_size=40)),
+    st.just(AnyValue(string_value="not base64!")),
+)
 _value = st.one_of(_scalar, _array, _ints, _kvlist, _packed, _b64)
-_key = st.one_of(st.sampled_from(sorted(span_rows.SLOTS)), st.sampled_from(["a", "", "llm.input_messages.0.message.role"]),
-                 st.text(max_size=8))  # fmt: skip
+_key = st.one_of(
+    st.sampled_from(sorted(span_rows.SLOTS)),
+    st.sampled_from(["a", "", "llm.input_messages.0.message.role"]),
+    st.text(max_size=8),
+)
 _attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), _key, _value), max_size=12)
 
 
 @st.composite
 def _span(draw) -> Span:
     span = Span(
-        trace_id=draw(st.sampled_from([16, 16, 0, 3])) * b"\x01", span_id=draw(st.binary(min_size=8, max_size=8)),
-        parent_span_id=draw(st.sampled_from([b"", b"\x02" * 8])), name=draw(st.text(max_size=12)),
-        kind=draw(st.integers(-2, 8)), start_time_unix_nano=draw(st.integers(0, 2**64 - 1)),
+        trace_id=draw(st.sampled_from([16, 16, 0, 3])) * b"\x01",
+        span_id=draw(st.binary(min_size=8, max_size=8)),
+        parent_span_id=draw(st.sampled_from([b"", b"\x02" * 8])),
+        name=draw(st.text(max_size=12)),
+        kind=draw(st.integers(-2, 8)),
+        start_time_unix_nano=draw(st.integers(0, 2**64 - 1)),
         end_time_unix_nano=draw(st.integers(0, 2**64 - 1)),
-    )  # fmt: skip
+    )
     span.attributes.extend(draw(_attributes))
     span.status.code = draw(st.integers(-1, 4))
     span.status.message = draw(st.text(max_size=6))
     for _ in range(draw(st.integers(0, 2))):
         event = span.events.add(name=draw(st.text(max_size=5)), time_unix_nano=draw(st.integers(0, 2**64 - 1)))
-        event.attributes.extend(draw(st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), _key, _scalar), max_size=2)))
+        event.attributes.extend(
+            draw(st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), _key, _scalar), max_size=2))
+        )
     return span
 
 
@@ -108,8 +125,16 @@ def _request(draw) -> bytes:
     request = ExportTraceServiceRequest()
     for _ in range(draw(st.integers(0, 2))):
         resource_spans = request.resource_spans.add()
-        resource = draw(st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v),
-                                           st.sampled_from([schema.SERVICE_NAME, "host", "", "x"]), _value), max_size=4))  # fmt: skip
+        resource = draw(
+            st.lists(
+                st.builds(
+                    lambda k, v: KeyValue(key=k, value=v),
+                    st.sampled_from([schema.SERVICE_NAME, "host", "", "x"]),
+                    _value,
+                ),
+                max_size=4,
+            )
+        )
         resource_spans.resource.attributes.extend(resource)
         for _ in range(draw(st.integers(0, 2))):
             scope_spans = resource_spans.scope_spans.add()
@@ -129,7 +154,10 @@ def test_fields_out_of_order_decode_the_same():
     request = ExportTraceServiceRequest.FromString(build_request(3, training=True, seed=2))
     resource_spans = request.resource_spans[0]
     scope = resource_spans.scope_spans[0].scope.SerializeToString()
-    spans = b"".join(b"\x12" + _varint(len(raw)) + raw for raw in (s.SerializeToString() for s in resource_spans.scope_spans[0].spans))
+    spans = b"".join(
+        b"\x12" + _varint(len(raw)) + raw
+        for raw in (s.SerializeToString() for s in resource_spans.scope_spans[0].spans)
+    )
     scope_spans = spans + b"\x0a" + _varint(len(scope)) + scope  # spans (field 2) first, then the scope (field 1)
     resource = resource_spans.resource.SerializeToString()
     body_rs = b"\x12" + _varint(len(scope_spans)) + scope_spans + b"\x0a" + _varint(len(resource)) + resource
@@ -192,8 +220,12 @@ def test_packed_arrays_are_copied_exactly():
     values = list(range(-5, 4096))
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
-    span.attributes.add(key=schema.PACKED_PROMPT_TOKEN_IDS, value=AnyValue(bytes_value=struct.pack(f"<{len(values)}i", *values)))
-    span.attributes.add(key=schema.PACKED_COMPLETION_LOGPROBS, value=AnyValue(bytes_value=struct.pack("<2d", -0.5, float("-inf"))))
+    span.attributes.add(
+        key=schema.PACKED_PROMPT_TOKEN_IDS, value=AnyValue(bytes_value=struct.pack(f"<{len(values)}i", *values))
+    )
+    span.attributes.add(
+        key=schema.PACKED_COMPLETION_LOGPROBS, value=AnyValue(bytes_value=struct.pack("<2d", -0.5, float("-inf")))
+    )
     batch = _fast_batch(request.SerializeToString())
     assert batch.column("prompt_token_ids").to_pylist() == [values]
     assert batch.column("completion_logprobs").to_pylist() == [[-0.5, float("-inf")]]
@@ -203,10 +235,16 @@ def test_packed_arrays_are_copied_exactly():
 @pytest.mark.parametrize("packed_as", ["bytes", "base64"])
 def test_a_packed_array_wins_over_a_plain_one_in_either_order(packed_as):
     packed = struct.pack("<2i", 3, 4)
-    packed_value = AnyValue(bytes_value=packed) if packed_as == "bytes" else AnyValue(string_value=base64.b64encode(packed).decode())
+    packed_value = (
+        AnyValue(bytes_value=packed)
+        if packed_as == "bytes"
+        else AnyValue(string_value=base64.b64encode(packed).decode())
+    )
     plain_value = AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1), AnyValue(int_value=2)]))
-    for order in ((schema.PROMPT_TOKEN_IDS, plain_value), (schema.PACKED_PROMPT_TOKEN_IDS, packed_value)), \
-                 ((schema.PACKED_PROMPT_TOKEN_IDS, packed_value), (schema.PROMPT_TOKEN_IDS, plain_value)):  # fmt: skip
+    for order in (
+        ((schema.PROMPT_TOKEN_IDS, plain_value), (schema.PACKED_PROMPT_TOKEN_IDS, packed_value)),
+        ((schema.PACKED_PROMPT_TOKEN_IDS, packed_value), (schema.PROMPT_TOKEN_IDS, plain_value)),
+    ):
         request = ExportTraceServiceRequest()
         span = request.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\x01" * 16, span_id=b"\x02" * 8)
         for key, value in order:

@@ -8,9 +8,9 @@ import time
 import zlib
 
 import pyarrow.parquet as pq
-
 from otlp_helpers import make_spans, request_bytes
 from payloads import build_request
+
 from lightning_otel.collector.pipeline import IDLE_ROTATE_BYTES, Pipeline
 from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import _HEADER, WriteAheadLog, read_segment
@@ -69,7 +69,9 @@ print([bytes(p[:1]) for p in read_segment(wal.path(segment), verify=False)])
 
 def test_a_failed_write_is_cut_off_so_later_records_stay_readable(tmp_path):
     # A real failure from the kernel (a file size limit, as a full disk would), in a child process.
-    out = subprocess.run([sys.executable, "-c", _FAILING_WRITER, str(tmp_path / "wal")], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _FAILING_WRITER, str(tmp_path / "wal")], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("failed"), lines
@@ -95,4 +97,3 @@ def test_the_end_of_a_burst_is_queryable_without_waiting_for_the_flush_interval(
         assert _stored_rows(store) == 62
     finally:
         pipeline.stop()
-

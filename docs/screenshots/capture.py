@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from lightning_otel.collector import connect
-from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 from lightning_otel.core.servers import free_port, wait_http_ok
+from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 
 HERE = Path(__file__).resolve().parent
 VIEWPORT = {"width": 1400, "height": 900}
@@ -25,9 +25,13 @@ VIEWPORT = {"width": 1400, "height": 900}
 
 def failed_merge_rollout(data_dir: Path) -> str:
     """A rollout whose first failed boundary has the most calls around it: the richest token view."""
-    row = connect(data_dir).execute("""
+    row = (
+        connect(data_dir)
+        .execute("""
         SELECT d.rollout_id FROM merge_diagnostics d JOIN rollouts r USING (rollout_id)
-        WHERE NOT d.merged ORDER BY r.llm_calls DESC, d.cause DESC, r.reward DESC NULLS LAST, d.rollout_id LIMIT 1""").fetchone()
+        WHERE NOT d.merged ORDER BY r.llm_calls DESC, d.cause DESC, r.reward DESC NULLS LAST, d.rollout_id LIMIT 1""")
+        .fetchone()
+    )
     if row is None:
         raise SystemExit("no failed merge in this store: the token screenshot needs one")
     return row[0]
@@ -69,8 +73,12 @@ def capture(data_dir: Path, tokenizer: Path | None, out: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=Path("demo-runs/latest/traces"), help="`lightning-otel demo`'s store")
-    parser.add_argument("--tokenizer", type=Path, default=Path("demo-runs/latest/sft"), help="model folder with tokenizer.json")
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path("demo-runs/latest/traces"), help="`lightning-otel demo`'s store"
+    )
+    parser.add_argument(
+        "--tokenizer", type=Path, default=Path("demo-runs/latest/sft"), help="model folder with tokenizer.json"
+    )
     parser.add_argument("--out", type=Path, default=HERE)
     args = parser.parse_args()
     capture(args.data_dir, args.tokenizer if args.tokenizer and args.tokenizer.exists() else None, args.out)

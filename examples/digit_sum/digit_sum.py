@@ -41,7 +41,9 @@ def reward(text: str, a: int, b: int) -> float:
     return 1.0 if int(match.group(1)) == a + b else 0.25
 
 
-def sft_warmup(model_dir: str | Path, out_dir: str | Path, steps: int = 40, learning_rate: float = 2e-3, seed: int = 0) -> Path:
+def sft_warmup(
+    model_dir: str | Path, out_dir: str | Path, steps: int = 40, learning_rate: float = 2e-3, seed: int = 0
+) -> Path:
     """A short supervised warm-up on the training pairs with TRL's SFTTrainer; saves to out_dir."""
     from datasets import Dataset, disable_progress_bars
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -52,10 +54,19 @@ def sft_warmup(model_dir: str | Path, out_dir: str | Path, steps: int = 40, lear
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = [{"messages": messages(a, b) + [{"role": "assistant", "content": answer(a, b)}]} for a, b in TRAIN]
     args = SFTConfig(
-        output_dir=str(Path(out_dir) / "sft-checkpoints"), max_steps=steps, per_device_train_batch_size=16,
-        learning_rate=learning_rate, lr_scheduler_type="constant", logging_strategy="no", save_strategy="no",
-        report_to=[], use_cpu=True, seed=seed, dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
+        output_dir=str(Path(out_dir) / "sft-checkpoints"),
+        max_steps=steps,
+        per_device_train_batch_size=16,
+        learning_rate=learning_rate,
+        lr_scheduler_type="constant",
+        logging_strategy="no",
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        seed=seed,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.train()
     out = Path(out_dir)
@@ -68,7 +79,7 @@ class LocalSampler:
     """Samples chat completions from a transformers model in process, returning token ids and the
     behaviour logprob of each sampled token (temperature 1: exactly the model's own)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 10) -> None:  # noqa: ANN001
+    def __init__(self, model: torch.nn.Module, tokenizer, max_new_tokens: int = 10) -> None:
         self.model, self.tokenizer, self.max_new_tokens = model, tokenizer, max_new_tokens
 
     def prompt_ids(self, chat: list[dict]) -> list[int]:
@@ -76,7 +87,9 @@ class LocalSampler:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @torch.no_grad()
-    def sample(self, prompts: list[list[int]], greedy: bool = False, seed: int | None = None) -> list[tuple[list[int], np.ndarray]]:
+    def sample(
+        self, prompts: list[list[int]], greedy: bool = False, seed: int | None = None
+    ) -> list[tuple[list[int], np.ndarray]]:
         """(completion ids, behaviour logprobs) per prompt; generation stops at EOS."""
         if seed is not None:
             torch.manual_seed(seed)
@@ -86,10 +99,18 @@ class LocalSampler:
         input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
         attention = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
         out = self.model.generate(
-            input_ids=input_ids, attention_mask=attention, max_new_tokens=self.max_new_tokens, do_sample=not greedy,
-            temperature=1.0, top_k=0, top_p=1.0, output_scores=True, return_dict_in_generate=True,
-            pad_token_id=pad, eos_token_id=self.tokenizer.eos_token_id,
-        )  # fmt: skip
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=self.max_new_tokens,
+            do_sample=not greedy,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=pad,
+            eos_token_id=self.tokenizer.eos_token_id,
+        )
         new = out.sequences[:, width:]
         logprobs = torch.stack([torch.log_softmax(s.float(), -1) for s in out.scores], 1)
         chosen = logprobs.gather(-1, new[:, :, None]).squeeze(-1)
@@ -118,13 +139,18 @@ def follow_up(a: int, b: int, previous: str) -> list[dict]:
     return [{"role": "system", "content": f"Check: {previous.strip()[:40]}"}] + messages(a, b)
 
 
-def retry_unformatted(max_calls: int = 3):  # noqa: ANN201
+def retry_unformatted(max_calls: int = 3):
     """A harness policy: ask again (in a rewritten context) while the answer is not in the format."""
     return lambda a, b, text, calls: calls < max_calls and not formatted(text)
 
 
-def run_rollouts(sampler: LocalSampler, pairs, group_size: int, again=None,  # noqa: ANN001
-                 seed: int | None = None) -> list:  # fmt: skip
+def run_rollouts(
+    sampler: LocalSampler,
+    pairs,
+    group_size: int,
+    again=None,
+    seed: int | None = None,
+) -> list:
     """group_size rollouts per pair; a rollout makes another call while again(a, b, last text, calls so
     far) says so (default: one call); the reward scores the last answer. Returns trainer
     RolloutRecords (one chain per call: a rewritten context never extends the last sequence)."""
@@ -138,17 +164,31 @@ def run_rollouts(sampler: LocalSampler, pairs, group_size: int, again=None,  # n
     while active:
         chats = [messages(a, b) if turn == 0 else follow_up(a, b, texts[(a, b, g)]) for a, b, g in active]
         prompts = [sampler.prompt_ids(chat) for chat in chats]
-        for job, prompt, (ids, logprobs) in zip(active, prompts, sampler.sample(prompts, seed=None if seed is None else seed + turn)):
+        for job, prompt, (ids, logprobs) in zip(
+            active, prompts, sampler.sample(prompts, seed=None if seed is None else seed + turn)
+        ):
             histories[job].append(LLMCall(f"{job}-{turn}", prompt, ids, logprobs, "0"))
             texts[job] = sampler.text(ids)
         turn += 1
         active = [job for job in active if again is not None and again(job[0], job[1], texts[job], turn)]
-    return [RolloutRecord(f"{a}-{b}-{g}", f"{a}+{b}", reward(texts[(a, b, g)], a, b),
-                          chains=[[call] for call in histories[(a, b, g)]]) for a, b, g in jobs]  # fmt: skip
+    return [
+        RolloutRecord(
+            f"{a}-{b}-{g}", f"{a}+{b}", reward(texts[(a, b, g)], a, b), chains=[[call] for call in histories[(a, b, g)]]
+        )
+        for a, b, g in jobs
+    ]
 
 
-def rl_iteration(model, optimizer, sampler: LocalSampler, pairs, group_size: int, config,  # noqa: ANN001
-                 again=None, seed: int | None = None) -> dict:  # noqa: ANN001  # fmt: skip
+def rl_iteration(
+    model,
+    optimizer,
+    sampler: LocalSampler,
+    pairs,
+    group_size: int,
+    config,
+    again=None,
+    seed: int | None = None,
+) -> dict:
     """One on-policy iteration through the trainer's own code path: run_rollouts, then build_batch and
     policy_update."""
     from lightning_otel.trainer.rollout_data import Selection

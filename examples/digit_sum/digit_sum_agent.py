@@ -17,9 +17,9 @@ from __future__ import annotations
 import argparse
 from concurrent.futures import ThreadPoolExecutor
 
+import digit_sum  # this example's task, beside this file
 import openai
 
-import digit_sum  # this example's task, beside this file
 import lightning_otel
 
 REMINDER = "Reply exactly as: The answer is <number>."
@@ -40,7 +40,9 @@ def run_rollout(client: openai.OpenAI, model: str, a: int, b: int, max_tokens: i
                 messages = messages + [{"role": "assistant", "content": reply}, {"role": "user", "content": REMINDER}]
             elif call == 2:  # start over in a rewritten context: never a prefix extension
                 messages = digit_sum.follow_up(a, b, reply)
-            response = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=1.0)
+            response = client.chat.completions.create(
+                model=model, messages=messages, max_tokens=max_tokens, temperature=1.0
+            )
             reply = response.choices[0].message.content or ""
             if check_answer(reply):
                 break

@@ -49,15 +49,27 @@ def _wait_for(data_dir: Path, query: str, expected: int, what: str, timeout_s: f
 
 def _wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int) -> tuple[int, int]:
     """Wait until the iteration's rewarded rollouts are queryable; (rollouts, llm calls)."""
-    count, calls = _wait_for(data_dir, "SELECT count(*), coalesce(sum(llm_calls), 0) FROM rollouts "
-                             f"WHERE reward IS NOT NULL AND start_time >= to_timestamp({since_epoch})",
-                             expected, "rollouts", timeout_s=60.0)  # fmt: skip
+    count, calls = _wait_for(
+        data_dir,
+        "SELECT count(*), coalesce(sum(llm_calls), 0) FROM rollouts "
+        f"WHERE reward IS NOT NULL AND start_time >= to_timestamp({since_epoch})",
+        expected,
+        "rollouts",
+        timeout_s=60.0,
+    )
     return count, int(calls)
 
 
-def _train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate: float):  # noqa: ANN001, ANN202
-    from lightning_otel.trainer.config import CheckpointSection, ModelSection, SelectionSection, ServerSection
-    from lightning_otel.trainer.config import StoreSection, TrainConfig, UpdateConfig
+def _train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate: float):
+    from lightning_otel.trainer.config import (
+        CheckpointSection,
+        ModelSection,
+        SelectionSection,
+        ServerSection,
+        StoreSection,
+        TrainConfig,
+        UpdateConfig,
+    )
 
     return TrainConfig(
         store=StoreSection(data_dir=str(workdir / "traces"), otlp_endpoint=collector.traces_endpoint),
@@ -73,15 +85,20 @@ def _train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rat
 def _reward_by_version(data_dir: Path) -> list[tuple]:
     from lightning_otel.collector import connect
 
-    return connect(data_dir).execute("""
+    return (
+        connect(data_dir)
+        .execute("""
         SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward,
                avg((reward = 1)::INT) AS solved
         FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1
-        GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""").fetchall()
+        GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""")
+        .fetchall()
+    )
 
 
 def _prepare_model(workdir: Path, sft_steps: int) -> Path:
     import digit_sum  # this example's task, beside this file
+
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
     base, warm = workdir / "model", workdir / "sft"
@@ -96,13 +113,20 @@ def _prepare_model(workdir: Path, sft_steps: int) -> Path:
     return warm if sft_steps else base
 
 
-def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts_per_task: int = 8,
-             sft_steps: int = 40, learning_rate: float = 2e-3, seed: int = 0) -> int:  # fmt: skip
+def run_demo(
+    workdir: str | Path,
+    iterations: int = 15,
+    tasks: int = 8,
+    rollouts_per_task: int = 8,
+    sft_steps: int = 40,
+    learning_rate: float = 2e-3,
+    seed: int = 0,
+) -> int:
+    import digit_sum  # this example's task, beside this file
     from transformers.utils import logging as transformers_logging
 
-    import digit_sum  # this example's task, beside this file
-    from lightning_otel.dashboards.server import DEFAULT_PORT
     from lightning_otel.core.servers import CollectorProcess, VLLMServer
+    from lightning_otel.dashboards.server import DEFAULT_PORT
     from lightning_otel.trainer.training_run import run_once
 
     transformers_logging.disable_progress_bar()  # keep the table readable
@@ -118,7 +142,9 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
     try:
         print(f"starting collector and vLLM (logs in {workdir})", flush=True)
         collector.start()
+        vllm_began = time.perf_counter()
         vllm.start()
+        print(f"vLLM answered /health {time.perf_counter() - vllm_began:.0f} s after its start", flush=True)
         config = _train_config(workdir, policy_dir, collector, vllm, learning_rate)
         agent_env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.traces_endpoint}
         print(HEADER, flush=True)
@@ -126,17 +152,36 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
             since = time.time()
             task_list = [f"{a}+{b}" for a, b in rng.sample(digit_sum.TRAIN, tasks)]
             subprocess.run(
-                [sys.executable, str(HERE / "digit_sum_agent.py"), "--base-url", vllm.base_url,
-                 "--tasks", ",".join(task_list), "--rollouts", str(rollouts_per_task)],
-                env={**os.environ, **agent_env}, check=True, stdout=subprocess.DEVNULL,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    str(HERE / "digit_sum_agent.py"),
+                    "--base-url",
+                    vllm.base_url,
+                    "--tasks",
+                    ",".join(task_list),
+                    "--rollouts",
+                    str(rollouts_per_task),
+                ],
+                env={**os.environ, **agent_env},
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             rollouts, calls = _wait_for_rollouts(data_dir, since, len(task_list) * rollouts_per_task)
             summary = run_once(config)  # raises JobFailed (servers restored) if the swap or probe fails
             if summary.status != "trained":
                 raise RuntimeError(f"the training run did not train: {summary.status}, excluded {summary.excluded}")
-            print(ROW.format(iteration, rollouts, calls, f"{summary.samples / summary.rollouts:.2f}",
-                             f"{summary.mean_reward:.3f}", f"{summary.loss:+.1e}", f"{summary.swap_seconds:.2f}"),
-                  flush=True)  # fmt: skip
+            print(
+                ROW.format(
+                    iteration,
+                    rollouts,
+                    calls,
+                    f"{summary.samples / summary.rollouts:.2f}",
+                    f"{summary.mean_reward:.3f}",
+                    f"{summary.loss:+.1e}",
+                    f"{summary.swap_seconds:.2f}",
+                ),
+                flush=True,
+            )
         _wait_for_train_steps(data_dir, iterations)
         print("\nreward by the policy version that served the rollout (SQL over the traces):")
         print(f"{'version':>7} | {'rollouts':>8} | {'mean reward':>11} | {'solved':>6}")
@@ -147,8 +192,10 @@ def run_demo(workdir: str | Path, iterations: int = 15, tasks: int = 8, rollouts
         report = write_report(data_dir, workdir / "report")
         print(f"\ndone in {time.perf_counter() - began:.0f} s; traces in {data_dir}")
         print(f"report:    {report}")
-        print(f"dashboard: lightning-otel dashboard --data-dir {data_dir} --tokenizer {policy_dir} --port {DEFAULT_PORT}"
-              f"  -> http://127.0.0.1:{DEFAULT_PORT}/")
+        print(
+            f"dashboard: lightning-otel dashboard --data-dir {data_dir} --tokenizer {policy_dir} --port {DEFAULT_PORT}"
+            f"  -> http://127.0.0.1:{DEFAULT_PORT}/"
+        )
         return 0
     except KeyboardInterrupt:
         print("interrupted; stopping everything the demo started", file=sys.stderr)
@@ -173,9 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    return run_demo(workdir=args.workdir, iterations=args.iterations, tasks=args.tasks,
-                    rollouts_per_task=args.rollouts_per_task, sft_steps=args.sft_steps,
-                    learning_rate=args.learning_rate, seed=args.seed)
+    return run_demo(
+        workdir=args.workdir,
+        iterations=args.iterations,
+        tasks=args.tasks,
+        rollouts_per_task=args.rollouts_per_task,
+        sft_steps=args.sft_steps,
+        learning_rate=args.learning_rate,
+        seed=args.seed,
+    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,16 @@ agent-side API, comes with the `lightning-otel` distribution (instrument/).
 
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)  # the other parts' subpackages
 
-from lightning_otel.instrumentation import Instrumentation, Rollout, agent, current_rollout, instrument, reward, rollout, tool
+from lightning_otel.instrumentation import (
+    Instrumentation,
+    Rollout,
+    agent,
+    current_rollout,
+    instrument,
+    reward,
+    rollout,
+    tool,
+)
 
 __version__ = "0.1.0"
 __all__ = ["Instrumentation", "Rollout", "agent", "current_rollout", "instrument", "reward", "rollout", "tool"]

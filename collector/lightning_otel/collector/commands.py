@@ -16,7 +16,15 @@ from lightning_otel.core.flags import add_flags, from_args
 
 
 def add_parsers(sub: argparse._SubParsersAction, data_dir: str) -> None:
-    p = sub.add_parser("collector", help="run the OTLP collector (traces -> Parquet)")
+    p = sub.add_parser(
+        "collector",
+        help="run the OTLP collector (traces -> Parquet)",
+        description=(
+            "Receives spans over OTLP/HTTP (POST /v1/traces on --http-port, default 4318) and OTLP/gRPC (--grpc-port,"
+            " default 4317) and stores them as Parquet under --data-dir; sends no spans of its own. Exporters reach it"
+            " at http://HOST:HTTP_PORT/v1/traces: the default of instrument(), the gateway and train."
+        ),
+    )
     add_flags(p, CollectorConfig)
     p.set_defaults(func=_cmd_collector)
 

@@ -71,7 +71,9 @@ class Ingestor:
             raise Overloaded("too many exports in flight", retry_after_s=1, too_many_requests=True)
         try:
             if self._backlog_bytes() > self.max_backlog_bytes:
-                raise Overloaded("Parquet conversion is behind; try again shortly", retry_after_s=5, too_many_requests=False)
+                raise Overloaded(
+                    "Parquet conversion is behind; try again shortly", retry_after_s=5, too_many_requests=False
+                )
             rejected = drop_invalid_spans(request)
             if rejected:
                 body, flags = request.SerializeToString(), 0

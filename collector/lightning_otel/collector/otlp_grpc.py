@@ -17,8 +17,8 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from lightning_otel.collector.ingest import Ingestor, Overloaded
-from lightning_otel.core.auth import bearer_ok
 from lightning_otel.collector.span_rows import decode_request
+from lightning_otel.core.auth import bearer_ok
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -84,4 +84,3 @@ def start_grpc_server(host: str, port: int, ingestor: Ingestor, token: str | Non
         raise OSError(f"cannot bind gRPC to {host}:{port}")
     server.start()
     return server, bound
-

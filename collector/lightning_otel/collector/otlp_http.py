@@ -1,31 +1,48 @@
-"""OTLP/HTTP receiver (POST /v1/traces) and the optional read-only query endpoint (POST /v1/query).
+"""OTLP/HTTP receiver (POST /v1/traces) and the optional read-only query endpoint (POST /v1/query),
+served by aiohttp on an event loop of their own (one thread).
 
-Traces: `application/x-protobuf` or `application/json` (OTLP/JSON), optionally gzip; the reply
-uses the request's content type. A 200 is sent only after the write-ahead log's fsync covers the
-request. Errors follow the OTLP specification: 400 with a google.rpc.Status body for undecodable
-data, 401 without the bearer token (when one is set), 413 above the decompressed-size cap (a gzip
-bomb stops at the cap), 415 for other content types, 429/503 with Retry-After when overloaded, and
-a 200 with `partial_success` when some spans were rejected.
+Traces: `application/x-protobuf` or `application/json` (OTLP/JSON), with a `Content-Length` or
+`Transfer-Encoding: chunked`, optionally gzip or deflate (inflated as it arrives); `Expect:
+100-continue` is answered after the headers are checked; the reply uses the request's content
+type. A 200 is sent only after the write-ahead log's fsync covers the request: decoding and the
+log append run on a thread pool, where concurrent exports share fsyncs (wal.py's group commit).
+Errors follow the OTLP specification: 400 with a google.rpc.Status body for undecodable data,
+401 without the bearer token (when one is set), 413 as soon as the body or what it decompresses
+to passes the cap, 415 for other content types and encodings, 429/503 with Retry-After when
+overloaded, and a 200 with `partial_success` when some spans were rejected. A client silent for
+`http_read_timeout_s` (headers, or within a body) or slower than `http_body_timeout_s` for a
+whole body gets 408 and the connection is closed; an idle keep-alive connection closes then too.
 
 Query: `{"sql": "SELECT ..."}` -> `{"columns": [...], "rows": [[...], ...]}`, one read-only
-statement against a sandboxed DuckDB connection (collector/lightning_otel/collector/query.py), bearer token required.
+statement against a sandboxed DuckDB connection, bearer token required, limited in time and in
+how many run at once (collector/lightning_otel/collector/query_limits.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import zlib
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
-import duckdb
+from aiohttp import HttpVersion11, web
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from lightning_otel.collector.config import DEFAULT_MAX_BODY
-from lightning_otel.collector.ingest import Ingestor, Overloaded
+from lightning_otel.collector.config import CollectorConfig
+from lightning_otel.collector.http_body import (
+    ENCODINGS,
+    GZIP_ENCODING,
+    BadEncoding,
+    Body,
+    BodyTimeout,
+    BodyTooLarge,
+    read_body,
+)
+from lightning_otel.collector.ingest import Ingestor, Overloaded, Result
 from lightning_otel.collector.otlp_json import decode_json, encode_json
-from lightning_otel.collector.query import MAX_QUERY_ROWS, run_query
+from lightning_otel.collector.query_limits import QueryLimiter
 from lightning_otel.collector.span_rows import decode_request
 from lightning_otel.collector.wal import GZIP
 from lightning_otel.core.auth import bearer_ok
@@ -33,146 +50,275 @@ from lightning_otel.core.auth import bearer_ok
 log = logging.getLogger(__name__)
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
+# After an early answer (413 mid-body), the rest of the body is read and dropped this long before
+# the connection closes: closing with unread data makes the kernel reset the connection, and the
+# client may lose the answer.
+LINGER_S = 2.0
 
 
-class BodyTooLarge(ValueError):
-    pass
+def _media_type(request: web.BaseRequest) -> str:
+    return (request.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
 
 
-def gunzip_capped(data: bytes, limit: int) -> bytes:
-    """Decompress gzip without ever holding more than `limit` bytes (a gzip bomb stops early)."""
-    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = decompressor.decompress(data, limit + 1)
-    except zlib.error as exc:
-        raise ValueError(f"bad gzip body: {exc}") from None
-    if len(out) > limit:
-        raise BodyTooLarge(f"decompressed body exceeds {limit} bytes")
-    if not decompressor.eof:
-        raise ValueError("truncated gzip body")
-    return out
+def _status(
+    http_code: int,
+    grpc_code: int,
+    message: str,
+    content_type: str = PROTOBUF,
+    headers: dict | None = None,
+    close: bool = False,
+) -> web.Response:
+    """An error reply with a google.rpc.Status body; `close` when the body was left unread."""
+    status = status_pb2.Status(code=grpc_code, message=message)
+    body = encode_json(status) if content_type == JSON else status.SerializeToString()
+    response = web.Response(status=http_code, body=body, content_type=content_type, headers=headers)
+    if close:
+        response.force_close()
+    return response
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: exporters reuse connections
-    timeout = 60  # seconds a silent or slow client may hold a connection (and its thread)
-    server: "OTLPHTTPServer"
+def _json_reply(code: int, payload: dict, headers: dict | None = None, close: bool = False) -> web.Response:
+    response = web.Response(
+        status=code, body=json.dumps(payload, default=str).encode(), content_type=JSON, headers=headers
+    )
+    if close:
+        response.force_close()
+    return response
 
-    def log_message(self, fmt: str, *args) -> None:
-        log.debug("%s %s", self.address_string(), fmt % args)
 
-    def _reply(self, code: int, body: bytes, content_type: str, headers: dict | None = None, close: bool = False) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        self.wfile.write(body)
+def ingest(ingestor: Ingestor, content_type: str, body: Body) -> Result:
+    """Decode one export body and log it durably (runs on the ingest pool: it blocks on fsync).
 
-    def _error(self, http_code: int, grpc_code: int, message: str, content_type: str = PROTOBUF,
-               headers: dict | None = None, close: bool = False) -> None:  # fmt: skip
-        status = status_pb2.Status(code=grpc_code, message=message)
-        body = encode_json(status) if content_type == JSON else status.SerializeToString()
-        self._reply(http_code, body, content_type, headers, close)
+    A gzip protobuf body is logged as received (GZIP flag: less to write); JSON is logged as the
+    protobuf it decodes to. Raises ValueError (400), Overloaded (429/503), OSError (503)."""
+    if content_type == JSON:
+        request = decode_json(body.data())
+        stored, flags = request.SerializeToString(), 0
+    elif body.encoding == GZIP_ENCODING:
+        request = decode_request(body.data())
+        stored, flags = body.raw(), GZIP
+    else:
+        stored, flags = body.data(), 0
+        request = decode_request(stored)
+    return ingestor.export(request, stored, flags)
 
-    def _read_body(self, content_type: str) -> bytes | None:
-        """The raw body, or None after replying with an error (too large, no length)."""
+
+class OTLPHTTPServer:
+    """Start with `start()` (binds, raises OSError if it cannot), stop with `stop()`."""
+
+    def __init__(self, config: CollectorConfig, ingestor: Ingestor, data_dir: str) -> None:
+        self.config = config
+        self.ingestor = ingestor
+        self.queries = (
+            QueryLimiter(data_dir, config.query_timeout_s, config.query_max_concurrent) if config.query_token else None
+        )
+        self.server_address: tuple[str, int] = (config.host, config.http_port)
+        # One thread per export in flight, as many as --max-inflight admits: an fsync never waits for a thread.
+        self._ingest_pool = ThreadPoolExecutor(max(1, config.max_inflight), thread_name_prefix="lightning-otel-ingest")
+        self._query_pool = ThreadPoolExecutor(
+            max(1, config.query_max_concurrent), thread_name_prefix="lightning-otel-query"
+        )
+        self._exports = 0  # exports between admission and reply (event-loop thread only)
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_post("/v1/traces", self._export, expect_handler=self._expect)
+        if self.queries is not None:
+            app.router.add_post("/v1/query", self._query, expect_handler=self._expect_query)
+        app.router.add_route("*", "/{tail:.*}", self._not_found)
+        return app
+
+    # Serving --------------------------------------------------------------------------------
+
+    def start(self) -> OTLPHTTPServer:
+        started = threading.Event()
+        failure: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._serve, args=(started, failure), name="lightning-otel-http", daemon=True
+        )
+        self._thread.start()
+        started.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
+        return self
+
+    def _serve(self, started: threading.Event, failure: list[BaseException]) -> None:
+        asyncio.set_event_loop(self._loop)
         try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self._error(411, code_pb2.INVALID_ARGUMENT, "Content-Length required", content_type, close=True)
-            return None
-        if length > self.server.max_body_bytes:
-            self._error(413, code_pb2.INVALID_ARGUMENT, f"body exceeds {self.server.max_body_bytes} bytes", content_type, close=True)
-            return None
-        return self.rfile.read(length)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
-        if self.path == "/health":
-            self._reply(200, b"ok", "text/plain")
-        else:
-            self._error(404, code_pb2.NOT_FOUND, f"no route {self.path}")
-
-    def do_POST(self) -> None:  # noqa: N802
-        route = self.path.split("?", 1)[0]
-        if route == "/v1/traces":
-            self._export()
-        elif route == "/v1/query" and self.server.query_token:
-            self._query()
-        else:
-            self._error(404, code_pb2.NOT_FOUND, f"no route {self.path}", close=True)
-
-    def _export(self) -> None:
-        content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        reply_type = JSON if content_type == JSON else PROTOBUF
-        if not bearer_ok(self.headers.get("Authorization"), self.server.token):
-            self._error(401, code_pb2.UNAUTHENTICATED, "missing or wrong bearer token", reply_type,
-                        headers={"WWW-Authenticate": "Bearer"}, close=True)  # fmt: skip
+            self._loop.run_until_complete(self._bind())
+        except BaseException as exc:
+            failure.append(exc)
+            if self._runner is not None:
+                self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+            started.set()
             return
-        if content_type not in (PROTOBUF, JSON):
-            self._error(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {content_type!r}", close=True)
-            return
-        raw = self._read_body(reply_type)
-        if raw is None:
-            return
-        gzipped = (self.headers.get("Content-Encoding") or "").strip().lower() == "gzip"
+        started.set()
+        self._loop.run_forever()
+        self._loop.run_until_complete(self._runner.cleanup())
+        self._loop.close()
+
+    async def _bind(self) -> None:
+        config = self.config
+        # keepalive_timeout also bounds how long a new connection may take to send its first
+        # request's headers (aiohttp closes a connection that completed no request by then).
+        self._runner = web.AppRunner(
+            self.app(),
+            access_log=None,
+            auto_decompress=False,
+            shutdown_timeout=5.0,
+            keepalive_timeout=config.http_read_timeout_s,
+            lingering_time=LINGER_S,
+            read_bufsize=4 << 20,
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, config.host, config.http_port, backlog=256)
+        await site.start()
+        self.server_address = self._runner.addresses[0][:2]
+
+    def stop(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+        self._ingest_pool.shutdown(wait=True)  # nothing writes to the log once this returns
+        self._query_pool.shutdown(wait=True)
+
+    # Traces ---------------------------------------------------------------------------------
+
+    def _precheck(self, request: web.BaseRequest, close: bool) -> web.Response | None:
+        """The answer to an export that its headers alone settle. Its body is then read and dropped
+        for LINGER_S (`close` False), or never sent (`close`, after `Expect: 100-continue`)."""
+        media_type = _media_type(request)
+        reply_type = JSON if media_type == JSON else PROTOBUF
+        if not bearer_ok(request.headers.get("Authorization"), self.config.token):
+            return _status(
+                401,
+                code_pb2.UNAUTHENTICATED,
+                "missing or wrong bearer token",
+                reply_type,
+                headers={"WWW-Authenticate": "Bearer"},
+                close=close,
+            )
+        if media_type not in (PROTOBUF, JSON):
+            return _status(415, code_pb2.INVALID_ARGUMENT, f"unsupported content type {media_type!r}", close=close)
+        encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
+        if encoding not in ENCODINGS:
+            return _status(
+                415, code_pb2.INVALID_ARGUMENT, f"unsupported content encoding {encoding!r}", reply_type, close=close
+            )
+        if (request.content_length or 0) > self.config.max_body_bytes:
+            return _status(
+                413,
+                code_pb2.INVALID_ARGUMENT,
+                f"body exceeds {self.config.max_body_bytes} bytes",
+                reply_type,
+                close=close,
+            )
+        return None
+
+    async def _expect(self, request: web.Request) -> web.Response | None:
+        """`Expect: 100-continue`: a final answer now if the headers already settle it, else 100."""
+        if request.version != HttpVersion11 or request.headers.get("Expect", "").lower() != "100-continue":
+            return _status(417, code_pb2.INVALID_ARGUMENT, "only 'Expect: 100-continue' is supported", close=True)
+        rejection = self._precheck(request, close=True)
+        if rejection is not None:
+            return rejection
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the 100 is not part of the response
+        return None
+
+    async def _export(self, request: web.Request) -> web.Response:
+        rejection = self._precheck(request, close=False)
+        if rejection is not None:
+            return rejection
+        media_type = _media_type(request)
+        reply_type = JSON if media_type == JSON else PROTOBUF
+        config = self.config
         try:
-            body = gunzip_capped(raw, self.server.max_body_bytes) if gzipped else raw
-            if content_type == JSON:
-                request = decode_json(body)
-                stored, flags = request.SerializeToString(), 0
-            else:
-                request = decode_request(body)
-                stored, flags = (raw, GZIP) if gzipped else (body, 0)  # keep gzip bodies compressed in the log
-            result = self.server.ingestor.export(request, stored, flags)
-        except BodyTooLarge as exc:
-            self._error(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
-            return
+            encoding = (request.headers.get("Content-Encoding") or "").strip().lower()
+            body = await read_body(
+                request.content, encoding, config.max_body_bytes, config.http_read_timeout_s, config.http_body_timeout_s
+            )
+        except BodyTooLarge as exc:  # answered at once; the rest is read and dropped for LINGER_S, then closed
+            return _status(413, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        except BodyTimeout as exc:
+            return _status(408, code_pb2.DEADLINE_EXCEEDED, str(exc), reply_type, close=True)
+        except BadEncoding as exc:
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
+        # In flight = being decoded and logged: a client still sending its body takes no slot.
+        if self._exports >= config.max_inflight:
+            return _status(
+                429, code_pb2.UNAVAILABLE, "too many exports in flight", reply_type, headers={"Retry-After": "1"}
+            )
+        self._exports += 1
+        try:
+            result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type, body)
         except ValueError as exc:
-            self._error(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
-            return
+            return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         except Overloaded as exc:
             code = 429 if exc.too_many_requests else 503
-            self._error(code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)})
-            return
+            return _status(
+                code, code_pb2.UNAVAILABLE, str(exc), reply_type, headers={"Retry-After": str(exc.retry_after_s)}
+            )
         except OSError as exc:  # disk full or gone: the exporter should retry later
             log.error("write-ahead log append failed: %s", exc)
-            self._error(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
-            return
+            return _status(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
+        finally:
+            self._exports -= 1
         response = ExportTraceServiceResponse()
         if result.rejected:
             response.partial_success.rejected_spans = result.rejected
             response.partial_success.error_message = result.message
-        self._reply(200, encode_json(response) if reply_type == JSON else response.SerializeToString(), reply_type)
+        body = encode_json(response) if reply_type == JSON else response.SerializeToString()
+        return web.Response(body=body, content_type=reply_type)
 
-    def _query(self) -> None:
-        if not bearer_ok(self.headers.get("Authorization"), self.server.query_token):
-            self._reply(401, b'{"error": "missing or wrong bearer token"}', JSON, headers={"WWW-Authenticate": "Bearer"}, close=True)
-            return
-        raw = self._read_body(JSON)
-        if raw is None:
-            return
+    # Query ----------------------------------------------------------------------------------
+
+    def _query_precheck(self, request: web.BaseRequest, close: bool) -> web.Response | None:
+        if not bearer_ok(request.headers.get("Authorization"), self.config.query_token):
+            return _json_reply(
+                401, {"error": "missing or wrong bearer token"}, {"WWW-Authenticate": "Bearer"}, close=close
+            )
+        if (request.headers.get("Content-Encoding") or "").strip().lower() not in ENCODINGS:
+            return _json_reply(415, {"error": "unsupported content encoding"}, close=close)
+        if (request.content_length or 0) > self.config.max_body_bytes:
+            return _json_reply(413, {"error": f"body exceeds {self.config.max_body_bytes} bytes"}, close=close)
+        return None
+
+    async def _expect_query(self, request: web.Request) -> web.Response | None:
+        rejection = self._query_precheck(request, close=True)
+        if rejection is not None:
+            return rejection
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0
+        return None
+
+    async def _query(self, request: web.Request) -> web.Response:
+        rejection = self._query_precheck(request, close=False)
+        if rejection is not None:
+            return rejection
+        config = self.config
         try:
-            payload = run_query(self.server.data_dir, json.loads(raw)["sql"], MAX_QUERY_ROWS)
-        except (ValueError, KeyError, TypeError, duckdb.Error) as exc:
-            self._reply(400, json.dumps({"error": str(exc)}).encode(), JSON)
-            return
-        self._reply(200, json.dumps(payload, default=str).encode(), JSON)
+            body = await read_body(
+                request.content,
+                (request.headers.get("Content-Encoding") or "").strip().lower(),
+                config.max_body_bytes,
+                config.http_read_timeout_s,
+                config.http_body_timeout_s,
+            )
+        except BodyTooLarge as exc:
+            return _json_reply(413, {"error": str(exc)})
+        except BodyTimeout as exc:
+            return _json_reply(408, {"error": str(exc)}, close=True)
+        except ValueError as exc:
+            return _json_reply(400, {"error": str(exc)})
+        code, payload, headers = await self.queries.answer_async(body.data(), self._query_pool)
+        return _json_reply(code, payload, headers)
 
-
-class OTLPHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, host: str, port: int, ingestor: Ingestor, data_dir: str, token: str | None = None,
-                 query_token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY) -> None:  # fmt: skip
-        self.ingestor = ingestor
-        self.data_dir = data_dir
-        self.token = token
-        self.query_token = query_token
-        self.max_body_bytes = max_body_bytes
-        super().__init__((host, port), _Handler)
+    async def _not_found(self, request: web.Request) -> web.Response:
+        return _status(404, code_pb2.NOT_FOUND, f"no route {request.path}")

@@ -45,5 +45,5 @@ def decode_json(body: bytes) -> ExportTraceServiceRequest:
         raise ValueError(f"undecodable OTLP/JSON: {exc}") from None
 
 
-def encode_json(message) -> bytes:  # noqa: ANN001 - any protobuf message
+def encode_json(message) -> bytes:
     return json_format.MessageToJson(message, indent=None).encode()

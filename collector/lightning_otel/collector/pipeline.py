@@ -18,7 +18,7 @@ import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,11 +73,11 @@ def compact_files(store_uri: str, paths: list[str], target_dir: str) -> str:
 class _InlineExecutor(Executor):
     """Runs work in the calling thread (workers=0): for tests and tiny deployments."""
 
-    def submit(self, fn, *args, **kwargs) -> Future:  # noqa: ANN001
+    def submit(self, fn, *args, **kwargs) -> Future:
         future: Future = Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+        except BaseException as exc:
             future.set_exception(exc)
         return future
 
@@ -103,7 +103,9 @@ class Pipeline:
         self.compact_grace_s = compact_grace_s
         self.retention_hours = retention_hours
         self.executor: Executor = (
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers > 0 else _InlineExecutor()
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            if workers > 0
+            else _InlineExecutor()
         )
         # Segments from an earlier run may end in a torn record: only their CRCs are checked.
         self._inherited = set(wal.segments())
@@ -129,7 +131,7 @@ class Pipeline:
                 continue
             try:
                 self.spans_written += future.result()
-            except Exception:  # noqa: BLE001 - keep the segment; it is retried next round
+            except Exception:
                 log.exception("could not convert WAL segment %s; keeping it for a retry", segment)
             del self._inflight[segment]
 
@@ -146,7 +148,7 @@ class Pipeline:
         by_dir: dict[str, list[pafs.FileInfo]] = defaultdict(list)
         for info in self.store.files():
             by_dir[info.path.rsplit("/", 1)[0]].append(info)
-        current_hour = datetime.now(timezone.utc).strftime("date=%Y-%m-%d/hour=%H")
+        current_hour = datetime.now(UTC).strftime("date=%Y-%m-%d/hour=%H")
         doomed = {p for _, paths in self._doomed for p in paths}
         jobs = []
         for directory, infos in by_dir.items():
@@ -163,7 +165,7 @@ class Pipeline:
                 future.result()
                 self._doomed.append(((now or time.monotonic()) + self.compact_grace_s, paths))
                 made += 1
-            except Exception:  # noqa: BLE001 - inputs stay; the next round tries again
+            except Exception:
                 log.exception("compaction of %d files failed", len(paths))
         return made
 
@@ -182,7 +184,7 @@ class Pipeline:
         """Delete hour partitions that ended before now - retention; returns how many."""
         if self.retention_hours is None:
             return 0
-        cutoff = datetime.now(timezone.utc) - timedelta(hours=self.retention_hours)
+        cutoff = datetime.now(UTC) - timedelta(hours=self.retention_hours)
         removed = 0
         selector = pafs.FileSelector(self.store.spans_root, recursive=True, allow_not_found=True)
         for info in self.store.fs.get_file_info(selector):
@@ -190,7 +192,7 @@ class Pipeline:
                 continue
             date = info.path.rsplit("/", 2)[-2]
             try:
-                start = datetime.strptime(f"{date[5:]} {info.base_name[5:]}", "%Y-%m-%d %H").replace(tzinfo=timezone.utc)
+                start = datetime.strptime(f"{date[5:]} {info.base_name[5:]}", "%Y-%m-%d %H").replace(tzinfo=UTC)
             except ValueError:
                 continue
             if start + timedelta(hours=1) <= cutoff:
@@ -224,10 +226,10 @@ class Pipeline:
                 if time.monotonic() - self._last_maintenance >= self.compact_interval_s:
                     self._last_maintenance = time.monotonic()
                     self.maintain()
-            except Exception:  # noqa: BLE001 - the pipeline thread must outlive any one failure
+            except Exception:
                 log.exception("pipeline round failed")
 
-    def start(self) -> "Pipeline":
+    def start(self) -> Pipeline:
         if isinstance(self.executor, ProcessPoolExecutor):
             # Workers spawn lazily and take seconds to import pyarrow: start them all now, not
             # when the first burst of exports is already waiting.

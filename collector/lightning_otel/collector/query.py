@@ -23,12 +23,16 @@ Views (docs/sql.md has columns and examples):
 `sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
 or extension access outside the trace store, settings locked, and `check_read_only` refuses any
 statement that is not a query. `run_query` is the two together, the one way SQL from the network
-runs (the collector's and the dashboard's POST /v1/query).
+runs; `query_limits.QueryLimiter` adds a time limit and a cap on concurrent queries around it (the
+collector's and the dashboard's POST /v1/query).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import duckdb
 
@@ -49,14 +53,21 @@ _DEDUP_KEY = "trace_id, span_id, rollout_id, task_id, span_kind, service_name, s
 
 
 _TRAIN_COLUMNS = (
-    ("step", schema.TRAIN_STEP, "BIGINT"), ("version", schema.TRAIN_VERSION, "VARCHAR"),
-    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"), ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
-    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"), ("loss", schema.TRAIN_LOSS, "DOUBLE"),
-    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"), ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
-    ("kl", schema.TRAIN_KL, "DOUBLE"), ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
-    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"), ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
-    ("masked_calls", schema.TRAIN_MASKED_CALLS, "BIGINT"), ("masked_tokens", schema.TRAIN_MASKED_TOKENS, "BIGINT"),
-)  # fmt: skip
+    ("step", schema.TRAIN_STEP, "BIGINT"),
+    ("version", schema.TRAIN_VERSION, "VARCHAR"),
+    ("rollouts", schema.TRAIN_ROLLOUTS, "BIGINT"),
+    ("samples", schema.TRAIN_SAMPLES, "BIGINT"),
+    ("mean_reward", schema.TRAIN_MEAN_REWARD, "DOUBLE"),
+    ("loss", schema.TRAIN_LOSS, "DOUBLE"),
+    ("clip_fraction", schema.TRAIN_CLIP_FRACTION, "DOUBLE"),
+    ("entropy", schema.TRAIN_ENTROPY, "DOUBLE"),
+    ("kl", schema.TRAIN_KL, "DOUBLE"),
+    ("grad_norm", schema.TRAIN_GRAD_NORM, "DOUBLE"),
+    ("swap_seconds", schema.TRAIN_SWAP_SECONDS, "DOUBLE"),
+    ("merge_rate", schema.TRAIN_MERGE_RATE, "DOUBLE"),
+    ("masked_calls", schema.TRAIN_MASKED_CALLS, "BIGINT"),
+    ("masked_tokens", schema.TRAIN_MASKED_TOKENS, "BIGINT"),
+)
 
 
 def view_statements(source: str) -> list[str]:
@@ -195,11 +206,15 @@ def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     return conn
 
 
-def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
+QUERY_MEMORY_LIMIT = "1GB"
+
+
+def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = QUERY_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
     """Like connect(), but SQL can read only the trace store and change nothing outside the session."""
     store = Store(data_dir)
-    conn = duckdb.connect(config={"memory_limit": memory_limit, "autoinstall_known_extensions": False,
-                                  "autoload_known_extensions": False})  # fmt: skip
+    conn = duckdb.connect(
+        config={"memory_limit": memory_limit, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
     _create_views(conn, store)
     if store.is_local:
         conn.execute("SET allowed_directories = [?]", [store.spans_root + os.sep])
@@ -226,21 +241,30 @@ def check_read_only(sql: str) -> None:
 MAX_QUERY_ROWS = 100_000
 
 
-def run_query(data_dir: str | os.PathLike, sql: str, max_rows: int = MAX_QUERY_ROWS) -> dict:
+def run_query(
+    data_dir: str | os.PathLike,
+    sql: str,
+    max_rows: int = MAX_QUERY_ROWS,
+    memory_limit: str = QUERY_MEMORY_LIMIT,
+    watch: Callable[[duckdb.DuckDBPyConnection], AbstractContextManager] | None = None,
+) -> dict:
     """One read-only statement from the network, on a sandboxed connection opened for it alone:
     `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows).
 
     Raises ValueError for anything but one query and duckdb.Error for a failing one (both are the
-    caller's 400). Shared by the collector's and the dashboard's POST /v1/query, so both have the
-    same sandbox and the same reply."""
+    caller's 400). `watch(conn)`, a context manager, holds the connection while the statement runs
+    and its rows are fetched (query_limits.QueryLimiter interrupts it from there). Shared by the
+    collector's and the dashboard's POST /v1/query (through QueryLimiter), so both have the same
+    sandbox and the same reply."""
     if not isinstance(sql, str):
         raise ValueError("'sql' must be a string")
     check_read_only(sql)
-    conn = sandboxed_connect(data_dir)
+    conn = sandboxed_connect(data_dir, memory_limit)
     try:
-        result = conn.execute(sql)
-        columns = [d[0] for d in result.description] if result.description else []
-        rows = result.fetchmany(max_rows + 1) if columns else []
+        with watch(conn) if watch is not None else contextlib.nullcontext():
+            result = conn.execute(sql)
+            columns = [d[0] for d in result.description] if result.description else []
+            rows = result.fetchmany(max_rows + 1) if columns else []
     finally:
         conn.close()
     return {"columns": columns, "rows": [list(row) for row in rows[:max_rows]], "truncated": len(rows) > max_rows}

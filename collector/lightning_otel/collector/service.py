@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
 
 from lightning_otel.collector.config import CollectorConfig
@@ -32,13 +31,18 @@ class Collector:
         self.wal = WriteAheadLog(config.wal_dir or Path(self.store.root) / "wal")
         self.ingestor = Ingestor(self.wal, max_inflight=config.max_inflight, max_backlog_bytes=config.max_backlog_bytes)
         self.pipeline = Pipeline(
-            self.store, self.wal, config.flush_interval_s, config.workers, config.compact_min_files,
-            config.compact_interval_s, config.compact_grace_s, config.retention_hours,
-        )  # fmt: skip
+            self.store,
+            self.wal,
+            config.flush_interval_s,
+            config.workers,
+            config.compact_min_files,
+            config.compact_interval_s,
+            config.compact_grace_s,
+            config.retention_hours,
+        )
         self.http: OTLPHTTPServer | None = None
         self.grpc = None
         self.grpc_port = 0
-        self._http_thread: threading.Thread | None = None
 
     @property
     def data_dir(self) -> Path | str:
@@ -49,14 +53,11 @@ class Collector:
         host, port = self.http.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         config = self.config
         self.pipeline.start()
         if config.http_port:
-            self.http = OTLPHTTPServer(config.host, config.http_port, self.ingestor, self.store.uri,
-                                       config.token, config.query_token, config.max_body_bytes)  # fmt: skip
-            self._http_thread = threading.Thread(target=self.http.serve_forever, name="lightning-otel-http", daemon=True)
-            self._http_thread.start()
+            self.http = OTLPHTTPServer(config, self.ingestor, self.store.uri).start()
         if config.grpc_port:
             self.grpc, self.grpc_port = start_grpc_server(config.host, config.grpc_port, self.ingestor, config.token)
         return self
@@ -67,14 +68,13 @@ class Collector:
 
     def stop(self) -> None:
         if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
+            self.http.stop()
         if self.grpc is not None:
             self.grpc.stop(grace=5).wait()
         self.pipeline.stop()
         self.wal.close()
 
-    def __enter__(self) -> "Collector":
+    def __enter__(self) -> Collector:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -30,7 +30,8 @@ except ImportError:  # built without a compiler, or a platform without the exten
 # slot codes the C decoder understands: index * 8 + kind
 _KIND_CODES = {str: 0, int: 1, float: 2, bool: 3}
 _SLOT_CODES = {
-    key: index * 8 + ((5 if kind else 4) if is_list else _KIND_CODES[kind]) for key, (is_list, index, kind) in SLOTS.items()
+    key: index * 8 + ((5 if kind else 4) if is_list else _KIND_CODES[kind])
+    for key, (is_list, index, kind) in SLOTS.items()
 }
 _WIDTHS = tuple(dtype.bit_width // 8 for _, dtype, _, _, _ in LISTS)
 _KINDS = tuple(SPAN_KINDS[i] for i in range(len(SPAN_KINDS)))
@@ -39,7 +40,9 @@ _STATUSES = tuple(STATUS_CODES[i] for i in range(len(STATUS_CODES)))
 
 def available() -> bool:
     """Whether requests go through the compiled decoder (built, little-endian, not turned off)."""
-    return _spans_codec is not None and sys.byteorder == "little" and os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") != "1"
+    return (
+        _spans_codec is not None and sys.byteorder == "little" and os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") != "1"
+    )
 
 
 def _text_of(raw: bytes) -> str:
@@ -58,14 +61,29 @@ def _events_json(raws: list[bytes]) -> str:
 
 def _fast_batch(body: bytes | memoryview) -> pa.RecordBatch:
     rows, fixed, scalars, lists, attributes, resource = _spans_codec.decode(
-        body, _SLOT_CODES, len(SCALARS), _WIDTHS, _KINDS, _STATUSES, schema.SERVICE_NAME,
-        _text_of, _list_value, _events_json,
-    )  # fmt: skip
+        body,
+        _SLOT_CODES,
+        len(SCALARS),
+        _WIDTHS,
+        _KINDS,
+        _STATUSES,
+        schema.SERVICE_NAME,
+        _text_of,
+        _list_value,
+        _events_json,
+    )
     arrays = []
     for (_, dtype, _, _, _), width, (data, offsets, validity, nulls) in zip(LISTS, _WIDTHS, lists):
         values = pa.Array.from_buffers(dtype, len(data) // width, [None, pa.py_buffer(data)])
-        arrays.append(pa.Array.from_buffers(pa.list_(dtype), rows, [pa.py_buffer(validity) if nulls else None, pa.py_buffer(offsets)],
-                                            null_count=nulls, children=[values]))  # fmt: skip
+        arrays.append(
+            pa.Array.from_buffers(
+                pa.list_(dtype),
+                rows,
+                [pa.py_buffer(validity) if nulls else None, pa.py_buffer(offsets)],
+                null_count=nulls,
+                children=[values],
+            )
+        )
     return span_rows.assemble(list(fixed), list(scalars), arrays, attributes, resource)
 
 

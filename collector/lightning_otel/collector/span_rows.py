@@ -18,7 +18,8 @@ import binascii
 import json
 import sys
 from array import array
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import pyarrow as pa
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -74,8 +75,21 @@ SPANS_SCHEMA = pa.schema(
     ]
 )
 
-FIXED_COLUMNS = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_time", "end_time", "duration_ms",
-                 "status_code", "status_message", "service_name", "scope_name", "events")  # fmt: skip
+FIXED_COLUMNS = (
+    "trace_id",
+    "span_id",
+    "parent_span_id",
+    "name",
+    "kind",
+    "start_time",
+    "end_time",
+    "duration_ms",
+    "status_code",
+    "status_message",
+    "service_name",
+    "scope_name",
+    "events",
+)
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 # attribute -> (is_list, index, accepted type for scalars / is_packed for lists)
@@ -86,7 +100,7 @@ SLOTS: dict[str, tuple[bool, int, Any]] = {
 }
 
 
-def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
+def any_value(value) -> Any:
     which = value.WhichOneof("value")
     if which is None:
         return None
@@ -99,9 +113,13 @@ def any_value(value) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
     return getattr(value, which)
 
 
-def plain_value(value, which: str) -> Any:  # noqa: ANN001 - opentelemetry.proto AnyValue
+def plain_value(value, which: str) -> Any:
     """A value as promotion sees it: bytes stay bytes (packed arrays), the rest as any_value."""
-    return value.bytes_value if which == "bytes_value" else (value.string_value if which == "string_value" else any_value(value))
+    return (
+        value.bytes_value
+        if which == "bytes_value"
+        else (value.string_value if which == "string_value" else any_value(value))
+    )
 
 
 def as_text(value: Any) -> str:
@@ -109,7 +127,7 @@ def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list) -> bool:  # noqa: ANN001
+def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list) -> bool:
     """Put a promoted attribute's value in its column; False if it does not fit (it stays in the map)."""
     is_list, index, kind = slot
     if which is None:
@@ -163,7 +181,7 @@ def decode_request(body: bytes | memoryview) -> ExportTraceServiceRequest:
     request = ExportTraceServiceRequest()
     try:
         request.ParseFromString(body)
-    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError or others
+    except Exception as exc:
         raise ValueError(f"undecodable OTLP protobuf: {exc}") from None
     return request
 
@@ -172,7 +190,7 @@ def count_spans(request: ExportTraceServiceRequest) -> int:
     return sum(len(scope.spans) for resource in request.resource_spans for scope in resource.scope_spans)
 
 
-def has_valid_ids(span) -> bool:  # noqa: ANN001 - opentelemetry.proto Span
+def has_valid_ids(span) -> bool:
     """OTLP ids: 16-byte trace id, 8-byte span id, parent empty or 8 bytes."""
     return len(span.trace_id) == 16 and len(span.span_id) == 8 and len(span.parent_span_id) in (0, 8)
 
@@ -195,10 +213,20 @@ class _Builder:
         # Hot loop (BENCHMARKS.md): locals instead of attribute and dict lookups, one slot lookup
         # per attribute, and a fast path for the common case, an unpromoted string attribute.
         fixed = self.fixed
-        trace_ids, span_ids, parents, names = fixed["trace_id"], fixed["span_id"], fixed["parent_span_id"], fixed["name"]
+        trace_ids, span_ids, parents, names = (
+            fixed["trace_id"],
+            fixed["span_id"],
+            fixed["parent_span_id"],
+            fixed["name"],
+        )
         kinds, starts, ends, durations = fixed["kind"], fixed["start_time"], fixed["end_time"], fixed["duration_ms"]
-        codes, messages, services, scopes, events = (fixed["status_code"], fixed["status_message"],
-                                                     fixed["service_name"], fixed["scope_name"], fixed["events"])  # fmt: skip
+        codes, messages, services, scopes, events = (
+            fixed["status_code"],
+            fixed["status_message"],
+            fixed["service_name"],
+            fixed["scope_name"],
+            fixed["events"],
+        )
         scalars, lists = self.scalars, self.lists
         keys, values, offsets = self.attr_keys, self.attr_values, self.attr_offsets
         keys_append, values_append, slot_of = keys.append, values.append, SLOTS.get
@@ -223,7 +251,9 @@ class _Builder:
                                 values_append(value.string_value)
                             elif which is not None:
                                 keys_append(key)
-                                values_append(value.bytes_value.hex() if which == "bytes_value" else as_text(any_value(value)))
+                                values_append(
+                                    value.bytes_value.hex() if which == "bytes_value" else as_text(any_value(value))
+                                )
                     offsets.append(len(keys))
                     for column, cell in zip(scalars, row_scalars):
                         column.append(cell)
@@ -250,11 +280,18 @@ class _Builder:
 
     def batch(self) -> pa.RecordBatch:
         lists = [_list_array(chunks, dtype) for (_, dtype, _, _, _), chunks in zip(LISTS, self.lists)]
-        return assemble(list(self.fixed.values()), self.scalars, lists, (self.attr_offsets, self.attr_keys, self.attr_values),
-                        (self.res_offsets, self.res_keys, self.res_values))  # fmt: skip
+        return assemble(
+            list(self.fixed.values()),
+            self.scalars,
+            lists,
+            (self.attr_offsets, self.attr_keys, self.attr_values),
+            (self.res_offsets, self.res_keys, self.res_values),
+        )
 
 
-def assemble(fixed: list[list], scalars: list[list], lists: list[pa.Array], attributes: tuple, resource: tuple) -> pa.RecordBatch:
+def assemble(
+    fixed: list[list], scalars: list[list], lists: list[pa.Array], attributes: tuple, resource: tuple
+) -> pa.RecordBatch:
     """A record batch from per-column Python lists (FIXED_COLUMNS, then SCALARS' columns), built
     list columns, and the two attribute maps as (offsets, keys, values)."""
     columns: dict[str, pa.Array] = {}
@@ -262,18 +299,26 @@ def assemble(fixed: list[list], scalars: list[list], lists: list[pa.Array], attr
         columns[name] = pa.array(values, SPANS_SCHEMA.field(name).type)
     for (column, dtype, _, _), values in zip(SCALARS, scalars):
         columns[column] = pa.array(values, dtype)
-    for (column, _, _, _, _), array in zip(LISTS, lists):
-        columns[column] = array
+    for (column, _, _, _, _), values in zip(LISTS, lists):
+        columns[column] = values
     for column, (offsets, keys, values) in (("attributes", attributes), ("resource_attributes", resource)):
-        columns[column] = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string()))
+        columns[column] = pa.MapArray.from_arrays(
+            pa.array(offsets, pa.int32()), pa.array(keys, pa.string()), pa.array(values, pa.string())
+        )
     return pa.RecordBatch.from_arrays([columns[f.name] for f in SPANS_SCHEMA], schema=SPANS_SCHEMA)
 
 
-def events_json(events) -> str:  # noqa: ANN001 - repeated Span.Event
-    return json.dumps([
-        {"name": e.name, "time_unix_nano": e.time_unix_nano, "attributes": {kv.key: any_value(kv.value) for kv in e.attributes}}
-        for e in events
-    ])  # fmt: skip
+def events_json(events) -> str:
+    return json.dumps(
+        [
+            {
+                "name": e.name,
+                "time_unix_nano": e.time_unix_nano,
+                "attributes": {kv.key: any_value(kv.value) for kv in e.attributes},
+            }
+            for e in events
+        ]
+    )
 
 
 def _list_array(chunks: list[bytes | None], dtype: pa.DataType) -> pa.Array:

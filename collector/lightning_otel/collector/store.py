@@ -17,7 +17,7 @@ import os
 import threading
 import urllib.parse
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,12 +34,38 @@ _HOUR_US = 3_600 * 1_000_000
 # values repeat, statistics only where queries filter, zstd for text, none for token/logprob
 # arrays (near-incompressible; compressing them halved throughput for little space).
 _DICTIONARY_COLUMNS = [
-    "name", "kind", "status_code", "service_name", "scope_name", "span_kind", "model_name", "tool_name",
-    "task_id", "reward_name", "policy_version", "finish_reason", "attributes.key_value.key",
-    "resource_attributes.key_value.key", "resource_attributes.key_value.value",
-]  # fmt: skip
-_STATISTICS_COLUMNS = ["trace_id", "span_id", "start_time", "end_time", "service_name", "span_kind", "rollout_id", "task_id", "policy_version"]
-_UNCOMPRESSED = {"prompt_token_ids.list.element", "completion_token_ids.list.element", "completion_logprobs.list.element"}
+    "name",
+    "kind",
+    "status_code",
+    "service_name",
+    "scope_name",
+    "span_kind",
+    "model_name",
+    "tool_name",
+    "task_id",
+    "reward_name",
+    "policy_version",
+    "finish_reason",
+    "attributes.key_value.key",
+    "resource_attributes.key_value.key",
+    "resource_attributes.key_value.value",
+]
+_STATISTICS_COLUMNS = [
+    "trace_id",
+    "span_id",
+    "start_time",
+    "end_time",
+    "service_name",
+    "span_kind",
+    "rollout_id",
+    "task_id",
+    "policy_version",
+]
+_UNCOMPRESSED = {
+    "prompt_token_ids.list.element",
+    "completion_token_ids.list.element",
+    "completion_logprobs.list.element",
+}
 
 
 def _leaf_columns() -> list[str]:
@@ -54,8 +80,12 @@ _LEAVES = _leaf_columns()
 
 def _write_options(codec: str, **extra) -> dict:
     """Parquet settings with `codec` for every column but the token/logprob arrays."""
-    return dict(use_dictionary=_DICTIONARY_COLUMNS, write_statistics=_STATISTICS_COLUMNS,
-                compression={c: ("none" if c in _UNCOMPRESSED else codec) for c in _LEAVES}, **extra)  # fmt: skip
+    return dict(
+        use_dictionary=_DICTIONARY_COLUMNS,
+        write_statistics=_STATISTICS_COLUMNS,
+        compression={c: ("none" if c in _UNCOMPRESSED else codec) for c in _LEAVES},
+        **extra,
+    )
 
 
 # Compacted files (where data lives for good): zstd, about half the size of snappy here.
@@ -102,19 +132,22 @@ class Store:
             self.write(SPANS_SCHEMA.empty_table(), path)
 
     def partition_dir(self, service: str | None, hour: int) -> str:
-        when = datetime.fromtimestamp(hour * 3600, tz=timezone.utc)
+        when = datetime.fromtimestamp(hour * 3600, tz=UTC)
         service_part = urllib.parse.quote(service or "unknown", safe="")
         return f"{self.spans_root}/service={service_part}/date={when:%Y-%m-%d}/hour={when:%H}"
 
     def files(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
         return [
-            info for info in self.fs.get_file_info(selector)
+            info
+            for info in self.fs.get_file_info(selector)
             if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
-        ]  # fmt: skip
+        ]
 
     def has_data(self) -> bool:
-        return self.fs.get_file_info(f"{self.spans_root}/{SCHEMA_FILE}").type == pafs.FileType.File or bool(self.files())
+        return self.fs.get_file_info(f"{self.spans_root}/{SCHEMA_FILE}").type == pafs.FileType.File or bool(
+            self.files()
+        )
 
     def write_segment(self, segment: str, table: pa.Table) -> list[str]:
         """Write one converted WAL segment, split by service and hour of span start."""

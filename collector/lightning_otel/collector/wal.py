@@ -25,8 +25,8 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 _HEADER = struct.Struct("<IIB")
 _SUFFIX = ".wal"

@@ -23,10 +23,19 @@ from typing import Any
 _MISSING = dataclasses.MISSING
 
 
-def setting(default: Any = _MISSING, help: str = "", *, flag: str | None = None, env: str | None = None,
-            repeat: bool = False, default_factory: Any = _MISSING) -> Any:
-    """A dataclass field with its flag's help (and, when the flag or variable is not the usual one, its names)."""
-    metadata = {"help": help, "flag": flag, "env": env, "repeat": repeat}
+def setting(
+    default: Any = _MISSING,
+    help: str = "",
+    *,
+    flag: str | None = None,
+    env: str | None = None,
+    repeat: bool = False,
+    default_factory: Any = _MISSING,
+    aliases: tuple[str, ...] = (),
+) -> Any:
+    """A dataclass field with its flag's help (and, when the flag or variable is not the usual one, its
+    names; `aliases` are further flags for the same field)."""
+    metadata = {"help": help, "flag": flag, "env": env, "repeat": repeat, "aliases": aliases}
     if default_factory is not _MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -70,8 +79,14 @@ def _default(field: dataclasses.Field) -> Any:
     return _MISSING
 
 
-def add_flags(parser: argparse.ArgumentParser, settings_type: type, *, env_prefix: str | None = "LIGHTNING_OTEL_",
-              section: str | None = None, keep_defaults: bool = True) -> None:
+def add_flags(
+    parser: argparse.ArgumentParser,
+    settings_type: type,
+    *,
+    env_prefix: str | None = "LIGHTNING_OTEL_",
+    section: str | None = None,
+    keep_defaults: bool = True,
+) -> None:
     """One flag per field of `settings_type`; with `section`, flags are --<section>-<field> and land
     in args as "<section>.<field>"."""
     for field in dataclasses.fields(settings_type):
@@ -100,7 +115,7 @@ def add_flags(parser: argparse.ArgumentParser, settings_type: type, *, env_prefi
             options.update(action="append", default=None if default is _MISSING else default)
         else:
             options["type"] = (lambda text, kind=kind: parse_value(kind, text)) if kind is list else kind
-        parser.add_argument(flag, **options)
+        parser.add_argument(flag, *meta.get("aliases", ()), **options)
 
 
 def from_args(settings_type: type, args: argparse.Namespace) -> Any:

@@ -23,7 +23,12 @@ class GatewayAdminClient:
 
     def swap_full(self, weights_dir: str | Path, version: str, rollback_dir: str | Path) -> dict[str, Any]:
         """Every replica, one at a time, to `weights_dir` (rolled back to `rollback_dir` if one fails to load)."""
-        body = {"mode": "full", "weights_path": str(weights_dir), "version": version, "rollback_path": str(rollback_dir)}
+        body = {
+            "mode": "full",
+            "weights_path": str(weights_dir),
+            "version": version,
+            "rollback_path": str(rollback_dir),
+        }
         return self._request("POST", "/admin/swap", body)
 
     def swap_lora(self, adapter_dir: str | Path, version: str, model: str) -> dict[str, Any]:
@@ -38,7 +43,7 @@ class GatewayAdminClient:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310 - the operator's gateway
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")

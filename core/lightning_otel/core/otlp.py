@@ -8,13 +8,14 @@ OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, else the local collector. Every part t
 from __future__ import annotations
 
 import os
-
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+import socket
+import urllib.parse
+from typing import TYPE_CHECKING
 
 from lightning_otel.core import schema
+
+if TYPE_CHECKING:  # imported when a provider is made: commands' --help reads SPANS_DESTINATION cheaply
+    from opentelemetry.sdk.trace import TracerProvider
 
 DEFAULT_TRACES_ENDPOINT = "http://127.0.0.1:4318/v1/traces"
 DEFAULT_EXPORT_TIMEOUT_S = 5.0  # bounds how long process exit waits for a collector that is down
@@ -23,8 +24,14 @@ ENDPOINT_HELP = (
     "$OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, else " + DEFAULT_TRACES_ENDPOINT + ")"
 )
 
+SPANS_DESTINATION = (  # for the --help of commands that export spans
+    "--otlp-endpoint URL if given, else $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + "
+    f"/v1/traces, else {DEFAULT_TRACES_ENDPOINT} (the collector's default)"
+)
+
 
 def traces_endpoint(explicit: str | None = None) -> str:
+    """Where spans are exported: SPANS_DESTINATION, in that order."""
     if explicit:
         return explicit
     if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
@@ -32,6 +39,17 @@ def traces_endpoint(explicit: str | None = None) -> str:
     if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
         return os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"].rstrip("/") + "/v1/traces"
     return DEFAULT_TRACES_ENDPOINT
+
+
+def endpoint_listening(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether something accepts TCP connections at the URL's host and port (a collector, presumably)."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        with socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def export_timeout_s() -> float:
@@ -44,6 +62,11 @@ def export_timeout_s() -> float:
 def server_tracer_provider(service_name: str, endpoint: str | None = None) -> TracerProvider:
     """A provider of its own (not the process-global one) for a server's spans, batched to `endpoint`
     (resolved as above); shut it down to flush."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
     provider = TracerProvider(resource=Resource.create({schema.SERVICE_NAME: service_name}))
     exporter = OTLPSpanExporter(endpoint=traces_endpoint(endpoint), timeout=export_timeout_s())
     provider.add_span_processor(BatchSpanProcessor(exporter))

@@ -35,7 +35,7 @@ def wait_http_ok(url: str, timeout_s: float, process: subprocess.Popen | None = 
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{what} exited with code {process.returncode} before {url} answered")
         try:
-            with urllib.request.urlopen(url, timeout=2) as reply:  # noqa: S310 - our own loopback URL
+            with urllib.request.urlopen(url, timeout=2) as reply:
                 if reply.status == 200:
                     return
         except (OSError, urllib.error.URLError):
@@ -88,7 +88,7 @@ class ManagedProcess:
     def environment(self) -> dict[str, str]:
         return dict(os.environ)
 
-    def start(self):  # noqa: ANN201 - returns self (subclass type)
+    def start(self):
         if self.log_path is not None and str(self.log_path) == "-":
             log = None  # the child writes to our stdout (containers: the log collector reads it)
         else:
@@ -107,7 +107,7 @@ class ManagedProcess:
         if self.process is not None:
             stop_process(self.process)
 
-    def __enter__(self):  # noqa: ANN204
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -140,10 +140,22 @@ class CollectorProcess(ManagedProcess):
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "lightning_otel", "collector",
-            "--data-dir", str(self.data_dir), "--host", self.host, "--http-port", str(self.port),
-            "--grpc-port", "0", "--flush-interval-s", str(self.flush_interval_s), *self.extra_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "lightning_otel",
+            "collector",
+            "--data-dir",
+            str(self.data_dir),
+            "--host",
+            self.host,
+            "--http-port",
+            str(self.port),
+            "--grpc-port",
+            "0",
+            "--flush-interval-s",
+            str(self.flush_interval_s),
+            *self.extra_args,
+        ]
 
 
 class GatewayProcess(ManagedProcess):
@@ -151,8 +163,15 @@ class GatewayProcess(ManagedProcess):
 
     what = "gateway"
 
-    def __init__(self, upstreams: list[str], traces_endpoint: str, port: int | None = None, host: str = "127.0.0.1",
-                 log_path: str | Path | None = None, extra_args: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        upstreams: list[str],
+        traces_endpoint: str,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        log_path: str | Path | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s=60.0)
         self.upstreams = upstreams
         self.traces_endpoint = traces_endpoint
@@ -164,11 +183,25 @@ class GatewayProcess(ManagedProcess):
 
     def command(self) -> list[str]:
         upstreams = [arg for url in self.upstreams for arg in ("--upstream", url)]
-        return [sys.executable, "-m", "lightning_otel", "gateway", *upstreams, "--host", self.host, "--port", str(self.port),
-                *self.extra_args]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "lightning_otel",
+            "gateway",
+            *upstreams,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.traces_endpoint, "OTEL_BSP_SCHEDULE_DELAY": "200"}
+        return {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.traces_endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
 
 
 class VLLMServer(ManagedProcess):
@@ -210,18 +243,33 @@ class VLLMServer(ManagedProcess):
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", self.served_model_name,
-            "--host", self.host, "--port", str(self.port),
-            "--dtype", self.dtype,
-            "--max-model-len", str(self.max_model_len),
-            "--logprobs-mode", "processed_logprobs",
-            "--seed", "0",
-            *(["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser] if self.tool_call_parser else []),
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            self.dtype,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--seed",
+            "0",
+            *(
+                ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+                if self.tool_call_parser
+                else []
+            ),
             *(["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"] if self.lora_rank else []),
             *self.extra_args,
-        ]  # fmt: skip
+        ]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)

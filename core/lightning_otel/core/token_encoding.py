@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _bytes_attributes_supported() -> bool:
@@ -23,7 +23,7 @@ def _bytes_attributes_supported() -> bool:
         from opentelemetry.attributes import BoundedAttributes
 
         return isinstance(BoundedAttributes(attributes={"probe": b"\xff"})["probe"], bytes)
-    except Exception:  # noqa: BLE001 - any failure means: fall back to base64 text
+    except Exception:
         return False
 
 

@@ -25,10 +25,10 @@ import struct
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
-
+from typing import Any
 
 WEIGHT_INFO_PATH = "/weight_info"  # dev mode: {"weight_version": ...}
 
@@ -59,7 +59,7 @@ class VLLMAdmin:
         data = json.dumps(body).encode() if body is not None else (b"{}" if method == "POST" else None)
         request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:  # noqa: S310 - operator's URL
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
                 text = reply.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:500].decode(errors="replace")
@@ -78,7 +78,9 @@ class VLLMAdmin:
         self._call("POST", "/resume")
 
     def reload_weights(self, weights_dir: str | Path) -> None:
-        self._call("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
+        self._call(
+            "POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}}
+        )
 
     def reset_prefix_cache(self) -> None:
         self._call("POST", "/reset_prefix_cache")
@@ -92,7 +94,9 @@ class VLLMAdmin:
     def load_lora(self, name: str, path: str | Path) -> None:
         """Load an adapter under `name`; loading a name that is already there is a no-op (a rollback)."""
         try:
-            self._call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": False})
+            self._call(
+                "POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path), "load_inplace": False}
+            )
         except SwapError as exc:
             if "already" not in str(exc):
                 raise
@@ -118,18 +122,24 @@ def _tensor_headers(weights_dir: Path) -> dict[str, tuple[tuple[int, ...], str]]
     for path in files:
         try:
             with safe_open(str(path), framework="numpy") as handle:
-                for name in handle.keys():
+                for name in handle.keys():  # noqa: SIM118 - safetensors handles are not containers
                     tensor = handle.get_slice(name)
                     headers[name] = (tuple(tensor.get_shape()), tensor.get_dtype())
-        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        except Exception as exc:
             raise SwapError(f"unreadable checkpoint file {path}: {exc}") from None
     return headers
 
 
 # Floating-point safetensors dtypes: the unsigned view of one element, and the bits that are all set
 # exactly for NaN and infinities (all-ones exponent; float8 e4m3 has no infinity, NaN is S.1111.111).
-_NON_FINITE_BITS = {"F64": ("<u8", 0x7FF0000000000000), "F32": ("<u4", 0x7F800000), "F16": ("<u2", 0x7C00),
-                    "BF16": ("<u2", 0x7F80), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F)}
+_NON_FINITE_BITS = {
+    "F64": ("<u8", 0x7FF0000000000000),
+    "F32": ("<u4", 0x7F800000),
+    "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80),
+    "F8_E5M2": ("u1", 0x7C),
+    "F8_E4M3": ("u1", 0x7F),
+}
 _SCAN_ELEMENTS = 1 << 22  # per chunk: bounded memory whatever the tensor's size
 
 

@@ -14,12 +14,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from lightning_otel.core import schema
-from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.token_encoding import attribute, pack
+from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +100,17 @@ def _class_has(cls: type, key: str) -> bool:
     return known
 
 
-def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:  # noqa: ANN001
+def _packed(prompt_ids, completion_ids, logprobs, finish_reason) -> dict[str, Any]:
     """The schema's token attributes, packed; logprobs only when they align one to one with the ids."""
-    prompt, completion, lps = (None if v is None else pack(code, v) for code, v in (("i", prompt_ids), ("i", completion_ids), ("d", logprobs)))
+    prompt, completion, lps = (
+        None if v is None else pack(code, v) for code, v in (("i", prompt_ids), ("i", completion_ids), ("d", logprobs))
+    )
     return packed_attributes(prompt, completion, lps, finish_reason)
 
 
-def packed_attributes(prompt: bytes | None, completion: bytes | None, logprobs: bytes | None, finish_reason: Any) -> dict[str, Any]:
+def packed_attributes(
+    prompt: bytes | None, completion: bytes | None, logprobs: bytes | None, finish_reason: Any
+) -> dict[str, Any]:
     """The schema's token attributes from ids already packed as little-endian int32 and logprobs as
     float64 bytes; logprobs only when they align one to one with the completion ids."""
     attributes: dict[str, Any] = {}
@@ -116,8 +121,11 @@ def packed_attributes(prompt: bytes | None, completion: bytes | None, logprobs: 
         if logprobs is not None and len(logprobs) // 8 == len(completion) // 4:
             attributes[schema.PACKED_COMPLETION_LOGPROBS] = attribute(logprobs)
         elif logprobs is not None:
-            log.warning("vLLM returned %d logprobs for %d completion tokens; not recorded",
-                        len(logprobs) // 8, len(completion) // 4)  # fmt: skip
+            log.warning(
+                "vLLM returned %d logprobs for %d completion tokens; not recorded",
+                len(logprobs) // 8,
+                len(completion) // 4,
+            )
     if finish_reason is not None:
         attributes[schema.FINISH_REASON] = str(finish_reason)
     return attributes
@@ -154,7 +162,9 @@ def token_attributes(kind: str, response: Any) -> dict[str, Any]:
     if choice is None:
         return {}
     prompt_ids = read_field(response, "prompt_token_ids") if kind == CHAT else read_field(choice, "prompt_token_ids")
-    return _packed(prompt_ids, read_field(choice, "token_ids"), _choice_logprobs(kind, choice), read_field(choice, "finish_reason"))
+    return _packed(
+        prompt_ids, read_field(choice, "token_ids"), _choice_logprobs(kind, choice), read_field(choice, "finish_reason")
+    )
 
 
 class StreamAccumulator:
@@ -197,8 +207,11 @@ class StreamAccumulator:
         if self.prompt_ids is None or not self.seen_ids:
             return {}
         prompt, completion = len(self.prompt_ids), len(self.completion_ids)
-        return {schema.LLM_TOKEN_COUNT_PROMPT: prompt, schema.LLM_TOKEN_COUNT_COMPLETION: completion,
-                schema.LLM_TOKEN_COUNT_TOTAL: prompt + completion}  # fmt: skip
+        return {
+            schema.LLM_TOKEN_COUNT_PROMPT: prompt,
+            schema.LLM_TOKEN_COUNT_COMPLETION: completion,
+            schema.LLM_TOKEN_COUNT_TOTAL: prompt + completion,
+        }
 
     def attributes(self) -> dict[str, Any]:
         logprobs = self.logprobs if self.logprobs_complete else None
@@ -227,7 +240,7 @@ class VLLMEndpoints:
     @staticmethod
     def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
         request = urllib.request.Request(url, headers=dict(headers))
-        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as reply:  # noqa: S310 - user's URL
+        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as reply:
             return json.loads(reply.read())
 
     def cached(self, base_url: str) -> _ServerInfo | None:

@@ -54,15 +54,19 @@ def write_views_file(data_dir: str | os.PathLike, out: str | os.PathLike) -> Pat
     from lightning_otel.collector.wal import fsync_path
 
     if "://" in str(data_dir):  # checked before Store(), which would contact the object store
-        raise ViewsFileError(f"{data_dir}: only local trace stores are supported (Grafana's DuckDB would need S3 "
-                             "credentials of its own); sync the store to a local directory or use the built-in dashboard")  # fmt: skip
+        raise ViewsFileError(
+            f"{data_dir}: only local trace stores are supported (Grafana's DuckDB would need S3 "
+            "credentials of its own); sync the store to a local directory or use the built-in dashboard"
+        )
     store = Store(data_dir)
     # Refuse rather than point views at an empty table: a file built that way would show nothing
     # forever, even after the collector starts writing. Once the collector has started, the store
     # holds spans/_schema.parquet (zero rows, full schema) and views over it answer with 0 rows.
     if not store.has_data():
-        raise ViewsFileError(f"{store.root} holds no trace store yet (no Parquet files under {store.spans_root}); "
-                             "start the collector with this --data-dir first, then run grafana-views again")  # fmt: skip
+        raise ViewsFileError(
+            f"{store.root} holds no trace store yet (no Parquet files under {store.spans_root}); "
+            "start the collector with this --data-dir first, then run grafana-views again"
+        )
     source = parquet_source(store)
 
     out_path = Path(out).absolute()
@@ -98,12 +102,14 @@ def _cmd_grafana_views(args: argparse.Namespace) -> int:
     except ViewsFileError as exc:
         print(f"lightning-otel grafana-views: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {path}: trace views over {Path(args.data_dir).absolute()}; point Grafana's DuckDB datasource "
-          f"at it read-only (docs/grafana.md)")  # fmt: skip
+    print(
+        f"wrote {path}: trace views over {Path(args.data_dir).absolute()}; point Grafana's DuckDB datasource "
+        f"at it read-only (docs/grafana.md)"
+    )
     return 0
 
 
-def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private _SubParsersAction
+def add_parser(sub, data_dir: str) -> None:
     p = sub.add_parser("grafana-views", help="write a DuckDB file of the trace views for Grafana's DuckDB datasource")
     p.add_argument("--data-dir", default=data_dir, help="trace store, a local directory [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--out", default="views.duckdb", help="the DuckDB file to write (replaced atomically)")

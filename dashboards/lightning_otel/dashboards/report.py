@@ -22,9 +22,8 @@ import argparse
 import dataclasses
 import re
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
 
 SUMMARY = "summary.md"
 REWARD_PNG, SAMPLES_PNG, LATENCY_PNG = "reward_curve.png", "samples_per_rollout.png", "latency.png"
@@ -48,7 +47,7 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
     parts = _DURATION_PART.findall(compact)
     if parts and "".join(n + u for n, u in parts) == compact:
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-        return (now or datetime.now(timezone.utc)) - timedelta(seconds=seconds)
+        return (now or datetime.now(UTC)) - timedelta(seconds=seconds)
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -56,7 +55,7 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
             f"{text!r} is neither an ISO-8601 time (2025-06-01T12:00, 2025-06-01 12:00:00+02:00) "
             "nor a duration ago (90s, 30m, 2h, 1d, 1h30m)"
         ) from None
-    return moment.astimezone(timezone.utc)  # a naive time is taken as local time
+    return moment.astimezone(UTC)  # a naive time is taken as local time
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -79,7 +78,7 @@ class Window:
 
 
 def _utc(moment: datetime) -> datetime:
-    return moment.astimezone(timezone.utc) if moment.tzinfo else moment.astimezone().astimezone(timezone.utc)
+    return moment.astimezone(UTC) if moment.tzinfo else moment.astimezone().astimezone(UTC)
 
 
 def _sql_time(moment: datetime) -> str:
@@ -95,26 +94,28 @@ def _between(column: str, window: Window) -> str:
     return " AND ".join(bounds) or "true"
 
 
-def _steps_window(conn, first: int, last: int) -> Window:  # noqa: ANN001 - duckdb connection
+def _steps_window(conn, first: int, last: int) -> Window:
     end = conn.execute("SELECT max(time) FROM train_steps WHERE step BETWEEN ? AND ?", [first, last]).fetchone()[0]
     if end is None:
         known = conn.execute("SELECT min(step), max(step), count(*) FROM train_steps").fetchone()
         have = f"it has steps {known[0]}..{known[1]}" if known[2] else "it has no train steps"
         raise ReportError(f"no train steps {first}..{last} in the store ({have})")
-    before = conn.execute("SELECT step, time FROM train_steps WHERE step < ? ORDER BY time DESC LIMIT 1", [first]).fetchone()
+    before = conn.execute(
+        "SELECT step, time FROM train_steps WHERE step < ? ORDER BY time DESC LIMIT 1", [first]
+    ).fetchone()
     if before is None:
         return Window(start=None, end=end, steps=(first, last))
     return Window(start=before[1], end=end, steps=(first, last), start_step=before[0])
 
 
-def _scope(conn, window: Window) -> None:  # noqa: ANN001 - duckdb connection
+def _scope(conn, window: Window) -> None:
     """Temp tables of the window's rows, so the queries below scan them instead of re-reading the store."""
     steps = f"step BETWEEN {window.steps[0]} AND {window.steps[1]}" if window.steps else _between("time", window)
     conn.execute(f"CREATE TEMP TABLE w_rollouts AS SELECT * FROM rollouts WHERE {_between('start_time', window)}")
     conn.execute(f"""CREATE TEMP TABLE w_llm_calls AS
-        SELECT model_name, duration_ms, status_code FROM llm_calls WHERE {_between('start_time', window)}""")
+        SELECT model_name, duration_ms, status_code FROM llm_calls WHERE {_between("start_time", window)}""")
     conn.execute(f"""CREATE TEMP TABLE w_tool_calls AS
-        SELECT status_code FROM tool_calls WHERE {_between('start_time', window)}""")
+        SELECT status_code FROM tool_calls WHERE {_between("start_time", window)}""")
     conn.execute(f"CREATE TEMP TABLE w_train_steps AS SELECT * FROM train_steps WHERE {steps}")
     # A boundary diagnosed twice (a rollout trained on again) counts once, as last diagnosed.
     conn.execute("""CREATE TEMP TABLE w_merges AS
@@ -147,7 +148,7 @@ class ReportData:
     latency_sample: dict[str, list[float]]  # model -> durations (ms), for the histogram
 
 
-def _gather(conn) -> ReportData:  # noqa: ANN001 - duckdb connection
+def _gather(conn) -> ReportData:
     one = lambda sql: conn.execute(sql).fetchone()  # noqa: E731
     rows = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
     first_time, last_time = one("SELECT min(start_time), max(end_time) FROM w_rollouts")
@@ -160,14 +161,23 @@ def _gather(conn) -> ReportData:  # noqa: ANN001 - duckdb connection
         for k, count in enumerate(counts):
             histogram[k] += count or 0
     merges, merged = one("SELECT count(*), count(*) FILTER (WHERE merged) FROM w_merges")
-    sample = rows(f"SELECT coalesce(model_name, '(unknown)'), duration_ms FROM w_llm_calls "
-                  f"WHERE duration_ms IS NOT NULL USING SAMPLE {LATENCY_SAMPLE} ROWS")  # fmt: skip
+    sample = rows(
+        f"SELECT coalesce(model_name, '(unknown)'), duration_ms FROM w_llm_calls "
+        f"WHERE duration_ms IS NOT NULL USING SAMPLE {LATENCY_SAMPLE} ROWS"
+    )
     latency_sample: dict[str, list[float]] = {}
     for model, duration in sample:
         latency_sample.setdefault(model, []).append(duration)
     return ReportData(
-        first_time=first_time, last_time=last_time, rollouts=rollouts, rewarded=rewarded, failed_rollouts=failed,
-        llm_calls=llm_calls, llm_errors=llm_errors, tool_calls=tool_calls, tool_errors=tool_errors,
+        first_time=first_time,
+        last_time=last_time,
+        rollouts=rollouts,
+        rewarded=rewarded,
+        failed_rollouts=failed,
+        llm_calls=llm_calls,
+        llm_errors=llm_errors,
+        tool_calls=tool_calls,
+        tool_errors=tool_errors,
         train_steps=rows("""SELECT step, version, rollouts, samples, mean_reward, loss, swap_seconds
                             FROM w_train_steps ORDER BY step, time"""),
         samples_per_rollout=histogram,
@@ -176,14 +186,15 @@ def _gather(conn) -> ReportData:  # noqa: ANN001 - duckdb connection
         versions=rows("""SELECT coalesce(nullif(array_to_string(policy_versions, ', '), ''), '(none)') AS label,
                                 count(*), count(reward), avg(reward)
                          FROM w_rollouts GROUP BY label ORDER BY min(start_time)"""),
-        merges=merges, merged=merged,
+        merges=merges,
+        merged=merged,
         merge_causes=rows("""SELECT coalesce(cause, '(none)'), count(*) FROM w_merges WHERE NOT merged
                              GROUP BY 1 ORDER BY 2 DESC, 1"""),
         latency=rows("""SELECT coalesce(model_name, '(unknown)') AS model, count(*),
                                quantile_cont(duration_ms, 0.5), quantile_cont(duration_ms, 0.95)
                         FROM w_llm_calls GROUP BY model ORDER BY 2 DESC, model"""),
         latency_sample=latency_sample,
-    )  # fmt: skip
+    )
 
 
 # --- Markdown -------------------------------------------------------------------------------------
@@ -229,63 +240,104 @@ def _markdown(data_dir: str, window: Window, data: ReportData, notes: dict[str, 
     if window.steps:
         title = f"steps {window.steps[0]}..{window.steps[1]}"
         opened = f"step {window.start_step}'s train_step span" if window.start_step is not None else "the start of data"
-        scope = (f"Train steps {window.steps[0]}..{window.steps[1]}; rollouts and calls that started between "
-                 f"{opened} and step {window.steps[1]}'s, i.e. what these steps trained on in a steady loop.")  # fmt: skip
+        scope = (
+            f"Train steps {window.steps[0]}..{window.steps[1]}; rollouts and calls that started between "
+            f"{opened} and step {window.steps[1]}'s, i.e. what these steps trained on in a steady loop."
+        )
     else:
         title = "all data" if window.start is None and window.end is None else "time window"
         scope = "Rollouts, LLM and tool calls that started in the window; train steps that finished in it."
     lines = [
-        f"# lightning-otel report: {title}", "",
+        f"# lightning-otel report: {title}",
+        "",
         f"- Window: {_when(window.start, 'start of data')} to {_when(window.end, 'end of data')} "
         f"(first rollout {_when(data.first_time, 'none')}, last rollout end {_when(data.last_time, 'none')})",
         f"- {scope}",
-        f"- Data: `{data_dir}`", "",
-        "## Counts", "",
-        *_table(["", "count"], [["rollouts", data.rollouts], ["rollouts with a reward", data.rewarded],
-                                ["LLM calls", data.llm_calls], ["tool calls", data.tool_calls],
-                                ["train steps", len(data.train_steps)]]),
-        "", "## Reward", "",
-    ]  # fmt: skip
+        f"- Data: `{data_dir}`",
+        "",
+        "## Counts",
+        "",
+        *_table(
+            ["", "count"],
+            [
+                ["rollouts", data.rollouts],
+                ["rollouts with a reward", data.rewarded],
+                ["LLM calls", data.llm_calls],
+                ["tool calls", data.tool_calls],
+                ["train steps", len(data.train_steps)],
+            ],
+        ),
+        "",
+        "## Reward",
+        "",
+    ]
     if data.train_steps:
         first, last = data.train_steps[0], data.train_steps[-1]
-        lines += [f"Mean reward per train step: {_num(first[4])} (step {first[0]}) -> {_num(last[4])} (step {last[0]}).", ""]
-        lines += _table(["step", "version", "rollouts", "samples", "mean reward", "loss", "swap s"],
-                        [[s, v, r, n, _num(m), _num(loss, "3g"), _num(swap, 2)]
-                         for s, v, r, n, m, loss, swap in _ends(data.train_steps)])  # fmt: skip
+        lines += [
+            f"Mean reward per train step: {_num(first[4])} (step {first[0]}) -> {_num(last[4])} (step {last[0]}).",
+            "",
+        ]
+        lines += _table(
+            ["step", "version", "rollouts", "samples", "mean reward", "loss", "swap s"],
+            [
+                [s, v, r, n, _num(m), _num(loss, "3g"), _num(swap, 2)]
+                for s, v, r, n, m, loss, swap in _ends(data.train_steps)
+            ],
+        )
         lines += _elided(data.train_steps, "steps")
     else:
         lines.append("No train steps in the window.")
     lines += ["", "Mean rollout reward by the policy version(s) that served the rollout's LLM calls:", ""]
-    lines += _table(["policy version", "rollouts", "with reward", "mean reward"],
-                    [[label, n, rewarded, _num(mean)] for label, n, rewarded, mean in _ends(data.versions)]
-                    or [["(no rollouts)", 0, 0, "n/a"]])  # fmt: skip
+    lines += _table(
+        ["policy version", "rollouts", "with reward", "mean reward"],
+        [[label, n, rewarded, _num(mean)] for label, n, rewarded, mean in _ends(data.versions)]
+        or [["(no rollouts)", 0, 0, "n/a"]],
+    )
     lines += _elided(data.versions, "versions")
     lines += ["", f"![reward curve]({REWARD_PNG})", "", "## Merges and samples", ""]
     if data.merges:
-        lines.append(f"Merge rate: {_rate(data.merged, data.merges)} of {data.merges} boundaries between consecutive "
-                     "LLM calls of the window's rollouts merged.")  # fmt: skip
+        lines.append(
+            f"Merge rate: {_rate(data.merged, data.merges)} of {data.merges} boundaries between consecutive "
+            "LLM calls of the window's rollouts merged."
+        )
         if data.merge_causes:
             lines += ["", *_table(["cause of failed merges", "boundaries"], [list(c) for c in data.merge_causes[:5]])]
     else:
-        lines.append("No merge diagnostics for the window's rollouts (the trainer writes them when it trains on a rollout).")
+        lines.append(
+            "No merge diagnostics for the window's rollouts (the trainer writes them when it trains on a rollout)."
+        )
     lines += ["", notes.get(SAMPLES_PNG, ""), "", f"![samples per rollout]({SAMPLES_PNG})", "", "## Latency", ""]
-    lines += _table(["model", "LLM calls", "p50 ms", "p95 ms"],
-                    [[m, n, _num(p50, 1), _num(p95, 1)] for m, n, p50, p95 in data.latency]
-                    or [["(no calls)", 0, "n/a", "n/a"]])  # fmt: skip
+    lines += _table(
+        ["model", "LLM calls", "p50 ms", "p95 ms"],
+        [[m, n, _num(p50, 1), _num(p95, 1)] for m, n, p50, p95 in data.latency] or [["(no calls)", 0, "n/a", "n/a"]],
+    )
     lines += ["", f"![LLM call latency]({LATENCY_PNG})", "", "## Errors", ""]
-    lines += _table(["", "errors", "of", "rate"], [
-        ["LLM calls (status ERROR)", data.llm_errors, data.llm_calls, _rate(data.llm_errors, data.llm_calls)],
-        ["tool calls (status ERROR)", data.tool_errors, data.tool_calls, _rate(data.tool_errors, data.tool_calls)],
-        ["rollouts (root span ERROR)", data.failed_rollouts, data.rollouts, _rate(data.failed_rollouts, data.rollouts)],
-    ])  # fmt: skip
+    lines += _table(
+        ["", "errors", "of", "rate"],
+        [
+            ["LLM calls (status ERROR)", data.llm_errors, data.llm_calls, _rate(data.llm_errors, data.llm_calls)],
+            ["tool calls (status ERROR)", data.tool_errors, data.tool_calls, _rate(data.tool_errors, data.tool_calls)],
+            [
+                "rollouts (root span ERROR)",
+                data.failed_rollouts,
+                data.rollouts,
+                _rate(data.failed_rollouts, data.rollouts),
+            ],
+        ],
+    )
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)) + "\n"
 
 
 # --- entry points ---------------------------------------------------------------------------------
 
 
-def write_report(data_dir, out_dir, since: datetime | None = None, until: datetime | None = None,
-                 steps: tuple[int, int] | None = None) -> Path:  # fmt: skip
+def write_report(
+    data_dir,
+    out_dir,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    steps: tuple[int, int] | None = None,
+) -> Path:
     """Write summary.md and the PNGs into `out_dir` (created); returns the Markdown's path.
 
     Raises ReportError when the store holds no spans or the train steps asked for are not there;
@@ -307,7 +359,9 @@ def write_report(data_dir, out_dir, since: datetime | None = None, until: dateti
     out.mkdir(parents=True, exist_ok=True)
     notes = {
         REWARD_PNG: report_plots.reward_curve(out / REWARD_PNG, data.train_steps, data.versions),
-        SAMPLES_PNG: report_plots.samples_per_rollout(out / SAMPLES_PNG, data.samples_per_rollout, data.calls_per_rollout),
+        SAMPLES_PNG: report_plots.samples_per_rollout(
+            out / SAMPLES_PNG, data.samples_per_rollout, data.calls_per_rollout
+        ),
         LATENCY_PNG: report_plots.latency(out / LATENCY_PNG, data.latency, data.latency_sample),
     }
     path = out / SUMMARY
@@ -329,15 +383,26 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return 0
 
 
-def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private subparsers action
-    p = sub.add_parser("report", help="PNG plots and a Markdown summary of a time window or a training job",
-                       description="Writes summary.md, reward_curve.png, samples_per_rollout.png and latency.png into "
-                                   "--out, and prints the Markdown's path. docs/report.md explains the window.")  # fmt: skip
+def add_parser(sub, data_dir: str) -> None:
+    p = sub.add_parser(
+        "report",
+        help="PNG plots and a Markdown summary of a time window or a training job",
+        description="Writes summary.md, reward_curve.png, samples_per_rollout.png and latency.png into "
+        "--out, and prints the Markdown's path. docs/report.md explains the window.",
+    )
     p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the report (created)")
-    p.add_argument("--since", type=parse_time, metavar="T",
-                   help="from this time: ISO-8601 (naive = local time) or a duration ago (90s, 30m, 2h, 1d)")
+    p.add_argument(
+        "--since",
+        type=parse_time,
+        metavar="T",
+        help="from this time: ISO-8601 (naive = local time) or a duration ago (90s, 30m, 2h, 1d)",
+    )
     p.add_argument("--until", type=parse_time, metavar="T", help="up to this time (same forms as --since)")
-    p.add_argument("--steps", type=parse_steps, metavar="FIRST:LAST",
-                   help="a training job's steps FIRST..LAST and the rollouts they trained on (not with --since/--until)")
+    p.add_argument(
+        "--steps",
+        type=parse_steps,
+        metavar="FIRST:LAST",
+        help="a training job's steps FIRST..LAST and the rollouts they trained on (not with --since/--until)",
+    )
     p.set_defaults(func=lambda args: _cmd_report(args, p))

@@ -13,14 +13,14 @@ from pathlib import Path
 DPI = 100
 
 
-def _figure(columns: int):  # noqa: ANN202 - matplotlib Figure, imported lazily
+def _figure(columns: int):
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(5.5 * columns, 4.0), dpi=DPI, layout="constrained")
     return figure, figure.subplots(1, columns, squeeze=False)[0]
 
 
-def _no_data(ax, text: str) -> None:  # noqa: ANN001 - matplotlib Axes
+def _no_data(ax, text: str) -> None:
     ax.text(0.5, 0.5, f"no data\n({text})", ha="center", va="center", transform=ax.transAxes, color="0.4")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -48,7 +48,9 @@ def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple]) ->
         sizes = {n for _label, n, _mean in rewarded}
         if len(rewarded) <= 8:
             for i, (_label, n, mean) in enumerate(rewarded):
-                by_version.annotate(f"n={n}", (i, mean), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+                by_version.annotate(
+                    f"n={n}", (i, mean), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+                )
         elif len(sizes) == 1:  # too many points to label each; say it once when it is the same
             by_version.set_title(f"Mean rollout reward per policy version ({sizes.pop()} rollouts each)")
         every = max(1, len(rewarded) // 15)  # at most ~15 tick labels

@@ -6,7 +6,8 @@ else) is a SQL client of this server:
   GET  /, /app.js, ...     the static files of dashboards/web/
   GET  /v1/config          the span-schema names the page's SQL needs, and what this server offers
   POST /v1/query           {"sql": "SELECT ..."} -> {"columns", "rows", "truncated"}: one read-only
-                           statement in the collector's sandbox (collector.query.run_query)
+                           statement in the collector's sandbox, with its time limit and cap on
+                           queries at once (collector.query_limits.QueryLimiter)
   POST /v1/detokenize      {"ids": [...]} -> {"tokens": [...]}, each id's text piece (--tokenizer)
 
 With --query-token (or $LIGHTNING_OTEL_QUERY_TOKEN) the two POST routes want `Authorization:
@@ -31,17 +32,24 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from lightning_otel.collector.config import DEFAULT_QUERY_MAX_CONCURRENT, DEFAULT_QUERY_TIMEOUT_S
 from lightning_otel.core.auth import bearer_ok
 
 log = logging.getLogger(__name__)
 
 WEB_DIR = Path(__file__).resolve().with_name("web")
-CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
-                 ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}  # fmt: skip
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
 # The browser may load nothing but this server's own files and talk to nothing else (no CDN, no
 # fonts); inline style attributes stay allowed because the charts position elements with them.
-CSP = ("default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self'; "
-       "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")  # fmt: skip
+CSP = (
+    "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self'; "
+    "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 MAX_BODY_BYTES = 8 << 20
 LOOPBACK_NAMES = {"127.0.0.1", "localhost", "::1", "[::1]"}
 DEFAULT_PORT = 8050
@@ -87,7 +95,9 @@ class Detokenizer:
 
 def _byte_level_alphabet() -> dict[str, int]:
     """GPT-2's byte <-> printable character table, reversed (what byte-level BPE pieces are made of)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -119,7 +129,7 @@ def _finite(value: object) -> object:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 120
-    server: "DashboardServer"
+    server: DashboardServer
 
     def log_message(self, fmt: str, *args) -> None:
         log.debug("%s %s", self.address_string(), fmt % args)
@@ -148,13 +158,19 @@ class _Handler(BaseHTTPRequestHandler):
         name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
         return name in LOOPBACK_NAMES
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+    def do_GET(self) -> None:
         route = self.path.split("?", 1)[0]
         if route == "/health":
             self._reply(200, b"ok", "text/plain")
         elif route == "/v1/config":
-            self._json(200, {"schema": schema_names(), "tokenizer": self.server.detokenizer is not None,
-                             "token_required": bool(self.server.query_token)})  # fmt: skip
+            self._json(
+                200,
+                {
+                    "schema": schema_names(),
+                    "tokenizer": self.server.detokenizer is not None,
+                    "token_required": bool(self.server.query_token),
+                },
+            )
         else:
             self._static(route)
 
@@ -166,7 +182,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._reply(200, path.read_bytes(), CONTENT_TYPES[path.suffix])
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         route = self.path.split("?", 1)[0]
         if route not in ("/v1/query", "/v1/detokenize"):
             self._json(404, {"error": f"no route {route}"})
@@ -195,16 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._detokenize(body)
 
     def _query(self, body: bytes) -> None:
-        import duckdb
-
-        from lightning_otel.collector.query import run_query
-
-        try:
-            payload = run_query(self.server.data_dir, json.loads(body)["sql"])
-        except (ValueError, KeyError, TypeError, duckdb.Error) as exc:
-            self._json(400, {"error": str(exc)})
-            return
-        self._json(200, payload)
+        code, payload, headers = self.server.queries().answer(body)
+        self._json(code, payload, headers)
 
     def _detokenize(self, body: bytes) -> None:
         if self.server.detokenizer is None:
@@ -224,15 +232,36 @@ class DashboardServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, host: str, port: int, data_dir: str, query_token: str | None = None,
-                 detokenizer: Detokenizer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        data_dir: str,
+        query_token: str | None = None,
+        detokenizer: Detokenizer | None = None,
+        query_timeout_s: float = DEFAULT_QUERY_TIMEOUT_S,
+        query_max_concurrent: int = DEFAULT_QUERY_MAX_CONCURRENT,
+    ) -> None:
         self.data_dir = data_dir
         self.query_token = query_token
         self.detokenizer = detokenizer
+        self.query_timeout_s = query_timeout_s
+        self.query_max_concurrent = query_max_concurrent
+        self._queries = None  # made at the first query: it imports duckdb
+        self._queries_lock = threading.Lock()
         self.loopback_only = host in LOOPBACK_NAMES
         # Served by name from a fixed list: no path from a request ever reaches the file system.
         self.static_files = {p.name: p for p in WEB_DIR.iterdir() if p.is_file() and p.suffix in CONTENT_TYPES}
         super().__init__((host, port), _Handler)
+
+    def queries(self):
+        """The same limits as the collector's POST /v1/query: time, queries at once, memory."""
+        with self._queries_lock:
+            if self._queries is None:
+                from lightning_otel.collector.query_limits import QueryLimiter
+
+                self._queries = QueryLimiter(self.data_dir, self.query_timeout_s, self.query_max_concurrent)
+            return self._queries
 
     @property
     def url(self) -> str:
@@ -248,7 +277,15 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"lightning-otel dashboard: --tokenizer: {exc}", file=sys.stderr)
         return 2
-    server = DashboardServer(args.host, args.port, args.data_dir, args.query_token or None, detokenizer)
+    server = DashboardServer(
+        args.host,
+        args.port,
+        args.data_dir,
+        args.query_token or None,
+        detokenizer,
+        args.query_timeout_s,
+        args.query_max_concurrent,
+    )
     # SIGTERM stops serving like Ctrl-C does; shutdown() must come from another thread.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     empty = "" if Store(args.data_dir).has_data() else " (no spans yet; the page fills in as they arrive)"
@@ -263,14 +300,36 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(sub, data_dir: str) -> None:  # noqa: ANN001 - argparse's private subparsers type
+def add_parser(sub, data_dir: str) -> None:
     env = os.environ.get
-    p = sub.add_parser("dashboard", help="web dashboard over the trace store: overview, training, rollout explorer")
+    p = sub.add_parser(
+        "dashboard",
+        help="web dashboard over the trace store: overview, training, rollout explorer",
+        description="Reads the trace store (--data-dir) with SQL; sends no spans.",
+    )
     p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    p.add_argument("--tokenizer", default=env("LIGHTNING_OTEL_TOKENIZER"),
-                   help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]")
-    p.add_argument("--query-token", default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
-                   help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]")
+    p.add_argument(
+        "--tokenizer",
+        default=env("LIGHTNING_OTEL_TOKENIZER"),
+        help="model folder with tokenizer.json: the token view shows text, not ids [$LIGHTNING_OTEL_TOKENIZER]",
+    )
+    p.add_argument(
+        "--query-token",
+        default=env("LIGHTNING_OTEL_QUERY_TOKEN"),
+        help="bearer token the page must send (prefer the environment variable) [$LIGHTNING_OTEL_QUERY_TOKEN]",
+    )
+    p.add_argument(
+        "--query-timeout-s",
+        type=float,
+        default=float(env("LIGHTNING_OTEL_QUERY_TIMEOUT_S", DEFAULT_QUERY_TIMEOUT_S)),
+        help="seconds a POST /v1/query statement may run before it is stopped (504) [$LIGHTNING_OTEL_QUERY_TIMEOUT_S]",
+    )
+    p.add_argument(
+        "--query-max-concurrent",
+        type=int,
+        default=int(env("LIGHTNING_OTEL_QUERY_MAX_CONCURRENT", DEFAULT_QUERY_MAX_CONCURRENT)),
+        help="POST /v1/query statements running at once before 429 [$LIGHTNING_OTEL_QUERY_MAX_CONCURRENT]",
+    )
     p.set_defaults(func=_cmd_dashboard)

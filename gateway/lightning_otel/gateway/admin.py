@@ -26,6 +26,7 @@ from aiohttp import web
 
 from lightning_otel.core.auth import bearer_ok
 from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap, require_finite
+from lightning_otel.gateway.server import error_response
 
 _DRAIN_TIMEOUT_S = 600.0
 
@@ -34,7 +35,7 @@ def _admin_ok(request: web.Request, token: str | None) -> bool:
     return bool(token) and bearer_ok(request.headers.get("Authorization"), token)  # no admin token: no admin
 
 
-async def _drained(condition: asyncio.Condition, still_busy) -> float:  # noqa: ANN001
+async def _drained(condition: asyncio.Condition, still_busy) -> float:
     """Wait until still_busy() is false; returns the seconds waited."""
     began = time.perf_counter()
     async with condition:
@@ -42,7 +43,7 @@ async def _drained(condition: asyncio.Condition, still_busy) -> float:  # noqa: 
     return time.perf_counter() - began
 
 
-async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a Gateway
+async def swap_full(gateway, body: dict) -> dict[str, Any]:
     weights, version, rollback = body["weights_path"], str(body["version"]), body["rollback_path"]
     replicas = []
     for upstream in gateway.upstreams:
@@ -56,12 +57,19 @@ async def swap_full(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
         finally:
             opened_ns = time.time_ns()
             upstream.gate.set()
-        replicas.append({"url": upstream.url, "drain_s": waited, "swap_s": report.seconds,
-                         "closed_ns": closed_ns, "opened_ns": opened_ns})  # fmt: skip
+        replicas.append(
+            {
+                "url": upstream.url,
+                "drain_s": waited,
+                "swap_s": report.seconds,
+                "closed_ns": closed_ns,
+                "opened_ns": opened_ns,
+            }
+        )
     return {"mode": "full", "version": version, "replicas": replicas}
 
 
-async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a Gateway
+async def swap_lora(gateway, body: dict) -> dict[str, Any]:
     model, version, path = body["model"], str(body["version"]), body["adapter_path"]
     name = f"{model}@{version}"
     began = time.perf_counter()
@@ -77,36 +85,42 @@ async def swap_lora(gateway, body: dict) -> dict[str, Any]:  # noqa: ANN001 - a 
     if previous is not None:
         waited = await _drained(gateway.idle, lambda: gateway.adapter_inflight[previous[0]] > 0)
         for upstream in gateway.upstreams:
-            await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).unload_lora, previous[0])
+            await asyncio.to_thread(
+                VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).unload_lora, previous[0]
+            )
     return {"mode": "lora", "version": version, "adapter": name, "load_s": loaded, "drain_s": waited}
 
 
-def routes(gateway) -> list[web.RouteDef]:  # noqa: ANN001 - a Gateway
+def routes(gateway) -> list[web.RouteDef]:
     lock = asyncio.Lock()  # one swap at a time
 
     async def swap(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
-            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
+            return error_response(403, "admin routes need --admin-token and its bearer token", "permission_error")
         try:
             body = await request.json()
             mode = body.get("mode", "full")
             async with lock:
                 result = await (swap_lora if mode == "lora" else swap_full)(gateway, body)
         except (KeyError, ValueError, TypeError) as exc:
-            return web.json_response({"error": f"bad swap request: {exc}"}, status=400)
+            return error_response(400, f"bad swap request: {exc}", "invalid_request_error")
         except SwapError as exc:
-            return web.json_response({"error": str(exc)}, status=502)
-        except asyncio.TimeoutError:
-            return web.json_response({"error": "requests in flight did not drain in time"}, status=504)
+            return error_response(502, str(exc), "swap_failed")
+        except TimeoutError:
+            return error_response(504, "requests in flight did not drain in time", "drain_timeout")
         return web.json_response(result)
 
     async def state(request: web.Request) -> web.Response:
         if not _admin_ok(request, gateway.config.admin_token):
-            return web.json_response({"error": "admin routes need --admin-token and its bearer token"}, status=403)
-        return web.json_response({
-            "replicas": [{"url": u.url, "version": u.version, "inflight": u.inflight, "healthy": u.healthy}
-                         for u in gateway.upstreams],
-            "served": {model: target for model, (target, _) in gateway.served.items()},
-        })  # fmt: skip
+            return error_response(403, "admin routes need --admin-token and its bearer token", "permission_error")
+        return web.json_response(
+            {
+                "replicas": [
+                    {"url": u.url, "version": u.version, "inflight": u.inflight, "healthy": u.healthy}
+                    for u in gateway.upstreams
+                ],
+                "served": {model: target for model, (target, _) in gateway.served.items()},
+            }
+        )
 
     return [web.post("/admin/swap", swap), web.get("/admin/state", state)]

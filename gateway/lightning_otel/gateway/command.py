@@ -6,11 +6,16 @@ from __future__ import annotations
 import argparse
 
 from lightning_otel.core.flags import add_flags, from_args
+from lightning_otel.core.otlp import SPANS_DESTINATION
 from lightning_otel.gateway.config import GatewayConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gateway", help="OpenAI-compatible proxy in front of vLLM that records every call")
+    p = sub.add_parser(
+        "gateway",
+        help="OpenAI-compatible proxy in front of vLLM that records every call",
+        description=f"Sends one LLM span per call over OTLP/HTTP to {SPANS_DESTINATION}.",
+    )
     add_flags(p, GatewayConfig, env_prefix="LIGHTNING_OTEL_GATEWAY_")
     p.set_defaults(func=_cmd_gateway)
 

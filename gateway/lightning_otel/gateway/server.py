@@ -14,7 +14,12 @@ Linking calls to rollouts without code changes:
 Reliability: connection errors and 5xx are retried with backoff on the next replica before any
 byte reaches the client; calls of one rollout go to the same replica (rendezvous hashing: prefix
 cache hits); a retried client request (same `Idempotency-Key`) is answered from the first result
-and recorded once; failures come back as 502/504 JSON and are recorded as error spans.
+and recorded once (the same key with a different body: 422); failures come back as 502/504 and are
+recorded as error spans. Every error is OpenAI-style JSON, `{"error": {"message", "type", "code"}}`,
+aiohttp's own included (404, 405, 413 over `max_body_bytes`).
+
+Spans go to `otlp_endpoint`, else the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables, else
+http://127.0.0.1:4318/v1/traces (core.otlp.traces_endpoint).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import json
 import logging
 import math
+import sys
 import time
 import urllib.parse
 from collections import Counter, OrderedDict
@@ -37,16 +43,23 @@ from opentelemetry.propagate import extract
 from opentelemetry.trace import Status, StatusCode
 
 from lightning_otel.core import schema
-from lightning_otel.gateway.config import GatewayConfig
-from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.auth import bearer_ok
+from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
+from lightning_otel.gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's spans
 _IDEMPOTENCY_TTL_S = 600.0
 _IDEMPOTENCY_MAX = 10_000
 _VERSION_POLL_S = 0.1
+_STREAM_STARTED = "lightning_otel.stream_started"  # request key: the response's head is sent
+_ERROR_TYPES = {
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "idempotency_error",
+}
 
 
 @dataclass
@@ -109,8 +122,23 @@ def _with_fields(raw: bytes, body: dict, fields: dict) -> bytes:
     return raw.rstrip()[:-1] + b"," + json.dumps(fields)[1:].encode()
 
 
-def _json(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
+    """An error in the OpenAI API's shape, which OpenAI clients parse and raise with its message."""
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "code": status}}, status=status, headers=headers
+    )
+
+
+def _key_reused() -> web.Response:
+    message = (
+        "this Idempotency-Key was first used with a different request body or route; a new request needs a new key"
+    )
+    return error_response(422, message, _ERROR_TYPES[422])
+
+
+def body_digest(path: str, raw: bytes) -> bytes:
+    """What makes two requests with one Idempotency-Key the same request: route and body."""
+    return hashlib.blake2b(path.encode() + b"\0" + raw, digest_size=16).digest()
 
 
 class Gateway:
@@ -121,8 +149,10 @@ class Gateway:
         self.upstreams = [_Upstream(server_root(u)) for u in config.upstreams]
         self.tracer = tracer or trace.get_tracer("lightning_otel.gateway")
         self.session: ClientSession | None = None
-        self._completed: OrderedDict[str, tuple[float, int, dict, bytes]] = OrderedDict()
-        self._inflight: dict[str, asyncio.Future] = {}
+        self._completed: OrderedDict[str, tuple[float, bytes, int, dict, bytes]] = (
+            OrderedDict()
+        )  # expiry, digest, response
+        self._inflight: dict[str, tuple[bytes, asyncio.Future]] = {}
         self._tasks: list[asyncio.Task] = []
         self._round_robin = 0
         self.idle: asyncio.Condition | None = None  # notified whenever a request finishes
@@ -131,7 +161,7 @@ class Gateway:
 
     # -- app ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._auth])
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors, self._auth])
         app.router.add_get("/health", lambda _: web.Response(text="ok"))
         for prefix in ("", "/rollout/{rollout_id}", "/rollout/{rollout_id}/task/{task_id}"):
             app.router.add_route("*", prefix + "/v1/{path:.*}", self.proxy)
@@ -145,16 +175,39 @@ class Gateway:
         return app
 
     @web.middleware
-    async def _auth(self, request: web.Request, handler):  # noqa: ANN001, ANN202
+    async def _errors(self, request: web.Request, handler):
+        """aiohttp's own errors (no route, wrong method, body over the limit) and unexpected ones as JSON."""
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = exc.text or exc.reason
+            if exc.status == 413:
+                message = (
+                    f"request body over the gateway's limit of {self.config.max_body_bytes} bytes (--max-body-bytes)"
+                )
+            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+            return error_response(exc.status, message, _ERROR_TYPES.get(exc.status, "invalid_request_error"), headers)
+        except Exception:
+            if request.get(_STREAM_STARTED):
+                raise  # the stream's head is sent: nothing else can be answered
+            log.exception("gateway: unexpected error on %s %s", request.method, request.path)
+            return error_response(500, "internal error in the gateway (see its log)", "server_error")
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler):
         token = self.config.token
-        if token and request.path != "/health" and not request.path.startswith("/admin/"):
-            if not bearer_ok(request.headers.get("Authorization"), token):
-                return _json(401, "missing or wrong bearer token", "authentication_error")
+        public = request.path == "/health" or request.path.startswith("/admin/")  # admin has its own token
+        if token and not public and not bearer_ok(request.headers.get("Authorization"), token):
+            return error_response(401, "missing or wrong bearer token", "authentication_error")
         return await handler(request)
 
     async def _start(self, _app: web.Application) -> None:
         self.idle = asyncio.Condition()
-        self.session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s))
+        self.session = ClientSession(
+            connector=TCPConnector(limit=0), timeout=ClientTimeout(total=self.config.timeout_s)
+        )
         self._tasks.append(asyncio.create_task(self._poll_versions()))
 
     async def _stop(self, _app: web.Application) -> None:
@@ -174,12 +227,15 @@ class Gateway:
                 if upstream.version_owned:
                     continue
                 try:
-                    async with self.session.get(upstream.url + WEIGHT_INFO_PATH, headers=self._upstream_headers(),
-                                                timeout=ClientTimeout(total=2)) as reply:  # fmt: skip
+                    async with self.session.get(
+                        upstream.url + WEIGHT_INFO_PATH,
+                        headers=self._upstream_headers(),
+                        timeout=ClientTimeout(total=2),
+                    ) as reply:
                         if reply.status == 200:
                             upstream.version = weight_version_of(await reply.json())
                     upstream.healthy = True
-                except (ClientError, asyncio.TimeoutError, ValueError, KeyError):
+                except (TimeoutError, ClientError, ValueError, KeyError):
                     upstream.healthy = False
             await asyncio.sleep(_VERSION_POLL_S)
 
@@ -187,8 +243,11 @@ class Gateway:
     def _replicas(self, rollout_id: str | None) -> list[_Upstream]:
         """Replicas in the order to try: rendezvous hashing on the rollout id (sticky), else round robin."""
         if rollout_id:
+
             def weight(upstream: _Upstream) -> int:
-                return int.from_bytes(hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big")
+                return int.from_bytes(
+                    hashlib.blake2b(f"{rollout_id}|{upstream.url}".encode(), digest_size=8).digest(), "big"
+                )
 
             ordered = sorted(self.upstreams, key=weight, reverse=True)
         else:
@@ -213,13 +272,15 @@ class Gateway:
         raw = await request.read()
         kind = endpoint_kind(path) if request.method == "POST" else None
         body = None
+        key = request.headers.get("Idempotency-Key")
+        digest = body_digest(request.path, raw) if key and kind is not None else b""
         if kind is not None:
             try:
                 body = json.loads(raw)
             except ValueError:
-                return _json(400, "request body is not JSON", "invalid_request_error")
+                return error_response(400, "request body is not JSON", "invalid_request_error")
             if not isinstance(body, dict):
-                return _json(400, "request body must be a JSON object", "invalid_request_error")
+                return error_response(400, "request body must be a JSON object", "invalid_request_error")
             adapter = self.served.get(body.get("model"))
             if adapter is not None:  # LoRA: the logical model name goes to the current adapter
                 raw = json.dumps({**body, "model": adapter[0], **token_request_fields(kind, body)}).encode()
@@ -228,29 +289,36 @@ class Gateway:
         call = _Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
         if kind is not None:
             call.adapter = self.served.get(body.get("model"))
-        key = request.headers.get("Idempotency-Key")
         if key and kind is not None:
-            return await self._once(key, request, path, raw, call)
+            return await self._once(key, digest, request, path, raw, call)
         return await self._forward(request, path, raw, call)
 
-    async def _once(self, key: str, request: web.Request, path: str, raw: bytes, call: _Call) -> web.StreamResponse:
-        """A retried request (same Idempotency-Key) gets the first result; only the first is recorded."""
+    async def _once(
+        self, key: str, digest: bytes, request: web.Request, path: str, raw: bytes, call: _Call
+    ) -> web.StreamResponse:
+        """A retried request (same Idempotency-Key and body) gets the first result; only the first is
+        recorded. The key reused with another route or body is a client error: 422, nothing sent."""
         now = time.monotonic()
         while self._completed and next(iter(self._completed.values()))[0] < now:
             self._completed.popitem(last=False)
         if key in self._completed:
-            _, status, headers, payload = self._completed[key]
+            _, first, status, headers, payload = self._completed[key]
+            if first != digest:
+                return _key_reused()
             return web.Response(status=status, headers=headers, body=payload)
         if key in self._inflight:
-            status, headers, payload = await asyncio.shield(self._inflight[key])
+            first, pending = self._inflight[key]
+            if first != digest:
+                return _key_reused()
+            status, headers, payload = await asyncio.shield(pending)
             return web.Response(status=status, headers=headers, body=payload)
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
+        self._inflight[key] = (digest, future)
         try:
             response = await self._forward(request, path, raw, call, buffer=True)
             result = (response.status, {"Content-Type": response.content_type, **self._headers(call)}, response.body)
             if response.status < 500:
-                self._completed[key] = (now + _IDEMPOTENCY_TTL_S, *result)
+                self._completed[key] = (now + _IDEMPOTENCY_TTL_S, digest, *result)
                 if len(self._completed) > _IDEMPOTENCY_MAX:
                     self._completed.popitem(last=False)
             future.set_result(result)
@@ -262,7 +330,9 @@ class Gateway:
         finally:
             del self._inflight[key]
 
-    async def _forward(self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False
+    ) -> web.StreamResponse:
         """Send to a replica, retrying connection errors and 5xx on the next one, then answer."""
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), **self._upstream_headers()}
         replicas = self._replicas(call.rollout.get(schema.ROLLOUT_ID))
@@ -291,17 +361,19 @@ class Gateway:
                 return outcome
             error = outcome
         self._record(call, None, error=f"upstream unavailable: {error}")
-        return _json(502, f"upstream unavailable: {error}", "upstream_unavailable")
+        return error_response(502, f"upstream unavailable: {error}", "upstream_unavailable")
 
-    async def _attempt(self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call,
-                       buffer: bool) -> web.StreamResponse | str:  # fmt: skip
+    async def _attempt(
+        self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call, buffer: bool
+    ) -> web.StreamResponse | str:
         """One try on call.upstream: the response, or the error string of a retryable failure."""
         try:
-            reply = await self.session.request(request.method, call.upstream.url + path, data=raw, headers=headers,
-                                               params=request.query)  # fmt: skip
-        except asyncio.TimeoutError:
+            reply = await self.session.request(
+                request.method, call.upstream.url + path, data=raw, headers=headers, params=request.query
+            )
+        except TimeoutError:
             self._record(call, None, error="upstream timed out")
-            return _json(504, "upstream timed out", "upstream_timeout")
+            return error_response(504, "upstream timed out", "upstream_timeout")
         except ClientError as exc:
             return f"{type(exc).__name__}: {exc}"
         if reply.status >= 500:
@@ -311,32 +383,38 @@ class Gateway:
             if call.streaming and not buffer and reply.status == 200:
                 return await self._stream(request, reply, call)
             payload = await reply.read()
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ClientError) as exc:
             self._record(call, None, error=f"upstream failed mid-response: {exc}")
-            return _json(502, "upstream failed mid-response", "upstream_error")
+            return error_response(502, "upstream failed mid-response", "upstream_error")
         finally:
             reply.release()
         ok = reply.status == 200
         # The span is built after the response is on its way: recording adds no latency.
-        asyncio.get_running_loop().call_soon(self._record, call, payload if ok else None,
-                                             None if ok else f"upstream answered {reply.status}")  # fmt: skip
-        return web.Response(status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call))
+        asyncio.get_running_loop().call_soon(
+            self._record, call, payload if ok else None, None if ok else f"upstream answered {reply.status}"
+        )
+        return web.Response(
+            status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call)
+        )
 
     @staticmethod
     def _headers(call: _Call) -> dict[str, str]:
         return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
 
-    async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:  # noqa: ANN001
-        response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                                           **self._headers(call)})  # fmt: skip
+    async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200,
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call)},
+        )
         await response.prepare(request)
+        request[_STREAM_STARTED] = True
         events = _SSEParser(StreamAccumulator(call.kind))
         error = None
         try:
             async for chunk in reply.content.iter_any():
                 await response.write(chunk)  # unchanged, as soon as it arrives
                 events.feed(chunk)
-        except (ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, ClientError) as exc:
             error = f"upstream failed mid-stream: {exc}"
         finally:
             reply.release()
@@ -345,7 +423,9 @@ class Gateway:
         return response
 
     # -- spans -------------------------------------------------------------------------------------
-    def _record(self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None) -> None:
+    def _record(
+        self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None
+    ) -> None:
         if call.kind is None:
             return
         attributes: dict[str, Any] = {
@@ -374,9 +454,11 @@ class Gateway:
                 response = json.loads(payload)
                 attributes.update(token_attributes(call.kind, response))
                 usage = response.get("usage") or {}
-                for name, key in ((schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
-                                  (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
-                                  (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens")):  # fmt: skip
+                for name, key in (
+                    (schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
+                    (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
+                    (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens"),
+                ):
                     if isinstance(usage.get(key), int):
                         attributes[name] = usage[key]
                 if response.get("model"):
@@ -401,22 +483,41 @@ class Gateway:
             value = float(data["value"])
             name = str(data.get("name", schema.DEFAULT_REWARD_NAME))
         except (ValueError, KeyError, TypeError):
-            return _json(400, 'body must be {"value": <number>, "name": <optional string>}', "invalid_request_error")
+            return error_response(
+                400, 'body must be {"value": <number>, "name": <optional string>}', "invalid_request_error"
+            )
         if not math.isfinite(value):
-            return _json(400, f"reward must be finite, got {value}", "invalid_request_error")
-        attributes = {schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR, schema.REWARD_NAME: name,
-                      schema.REWARD_VALUE: value, **identity}  # fmt: skip
+            return error_response(400, f"reward must be finite, got {value}", "invalid_request_error")
+        attributes = {
+            schema.OPENINFERENCE_SPAN_KIND: schema.KIND_EVALUATOR,
+            schema.REWARD_NAME: name,
+            schema.REWARD_VALUE: value,
+            **identity,
+        }
         self.tracer.start_span(schema.SPAN_REWARD, context=extract(dict(request.headers)), attributes=attributes).end()
         return web.json_response({"recorded": True})
 
 
 def serve(config: GatewayConfig) -> None:
-    """Run the gateway until SIGINT/SIGTERM; spans go where OTEL_EXPORTER_OTLP_* say (default local)."""
-    from lightning_otel.core.otlp import server_tracer_provider
+    """Run the gateway until SIGINT/SIGTERM; says at start where its spans go, and warns when nothing
+    listens there (spans would be dropped after the exporter's retries)."""
+    from lightning_otel.core.otlp import endpoint_listening, server_tracer_provider, traces_endpoint
 
-    provider = server_tracer_provider(SERVICE_NAME)
+    endpoint = traces_endpoint(config.otlp_endpoint)
+    provider = server_tracer_provider(SERVICE_NAME, endpoint)
     gateway = Gateway(config, provider.get_tracer("lightning_otel.gateway"))
-    print(f"lightning-otel gateway: http://{config.host}:{config.port}/v1 -> {', '.join(config.upstreams)}", flush=True)
+    print(
+        f"lightning-otel gateway: http://{config.host}:{config.port}/v1 -> {', '.join(config.upstreams)}; "
+        f"spans -> {endpoint}",
+        flush=True,
+    )
+    if not endpoint_listening(endpoint):
+        print(
+            f"lightning-otel gateway: warning: nothing listens at {endpoint}: spans are lost until a collector does "
+            "(set --otlp-endpoint or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT to the collector's /v1/traces)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         web.run_app(gateway.app(), host=config.host, port=config.port, print=None, access_log=None)
     finally:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -28,6 +27,8 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
 from lightning_otel.core import schema
 from lightning_otel.core.otlp import export_timeout_s, traces_endpoint
+from lightning_otel.core.token_encoding import current as token_encoding_in_use
+from lightning_otel.core.token_encoding import set_encoding
 from lightning_otel.instrumentation.integrations import ALL as INTEGRATIONS
 from lightning_otel.instrumentation.options import (
     CAPTURE_MODES,
@@ -41,8 +42,6 @@ from lightning_otel.instrumentation.options import (
 )
 from lightning_otel.instrumentation.otlp_encoding import encode_request
 from lightning_otel.instrumentation.rollouts import LightningSpanProcessor
-from lightning_otel.core.token_encoding import current as token_encoding_in_use
-from lightning_otel.core.token_encoding import set_encoding
 
 log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "lightning-agent"
@@ -57,7 +56,7 @@ class _CountingExporter(OTLPSpanExporter):
     handed = 0  # spans the batch processor passed to export(), delivered or not
     failed = 0
 
-    def export(self, spans):  # noqa: ANN001, ANN201
+    def export(self, spans):
         self.handed += len(spans)
         result = self._export_encoded(spans)
         if result is None:
@@ -66,17 +65,19 @@ class _CountingExporter(OTLPSpanExporter):
             self.failed += len(spans)
         return result
 
-    def _export_encoded(self, spans) -> SpanExportResult | None:  # noqa: ANN001
+    def _export_encoded(self, spans) -> SpanExportResult | None:
         client, limit = getattr(self, "_client", None), getattr(self, "_max_request_size", None)
         if getattr(self, "_shutdown", True) or not hasattr(client, "export") or not isinstance(limit, int):
             return None
         try:
             body = encode_request(spans)
-        except Exception:  # noqa: BLE001 - the SDK's encoder decides about this batch
+        except Exception:
             log.exception("lightning_otel: could not encode a span batch; using the SDK's encoder")
             return None
         if 0 < limit < len(body):
-            log.warning("Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.", len(body), limit)
+            log.warning(
+                "Dropping span batch: serialized size %d bytes exceeds max_request_size %d bytes.", len(body), limit
+            )
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS if client.export(body).success else SpanExportResult.FAILURE
 
@@ -92,7 +93,7 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
 
     queued = 0
 
-    def on_end(self, span) -> None:  # noqa: ANN001
+    def on_end(self, span) -> None:
         # what BatchSpanProcessor.on_end does (its queue's emit() for sampled spans), counted, one call
         # shorter: this runs at the end of every model call
         batch = getattr(self, "_batch_processor", None)
@@ -180,9 +181,15 @@ def instrument(
         if isinstance(current, TracerProvider):
             provider = current  # someone configured the SDK already: add to it, don't replace it
             limits = getattr(current, "_span_limits", None)
-            if max_attribute_length is not None and getattr(limits, "max_attribute_length", None) != max_attribute_length:
-                log.warning("lightning_otel: max_attribute_length=%s not applied: this process's TracerProvider was made "
-                            "before instrument(), and its span limits apply", max_attribute_length)  # fmt: skip
+            if (
+                max_attribute_length is not None
+                and getattr(limits, "max_attribute_length", None) != max_attribute_length
+            ):
+                log.warning(
+                    "lightning_otel: max_attribute_length=%s not applied: this process's TracerProvider was made "
+                    "before instrument(), and its span limits apply",
+                    max_attribute_length,
+                )
         else:
             provider = None
             limits = SpanLimits(max_attribute_length=max_attribute_length)  # None: OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT
@@ -190,8 +197,13 @@ def instrument(
         _refuse_short_cap(cap)
         if cap is not None and token_encoding_in_use() == "base64":
             raise ValueError("an attribute length cap would cut base64-packed token ids; use token_encoding='bytes'")
-        chosen = Options(capture_tokens=capture_tokens, hide_inputs=hide_inputs, hide_outputs=hide_outputs,
-                         openai_spans=openai_spans, max_attribute_length=cap)
+        chosen = Options(
+            capture_tokens=capture_tokens,
+            hide_inputs=hide_inputs,
+            hide_outputs=hide_outputs,
+            openai_spans=openai_spans,
+            max_attribute_length=cap,
+        )
         STATE.options = chosen
         if provider is None:
             name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
@@ -213,20 +225,22 @@ def _refuse_short_cap(cap: int | None) -> None:
     """The attribute cap applies to every string attribute, rollout and task ids included: a short one
     would cut them and detach spans from their rollouts."""
     if cap is not None and cap < MIN_ATTRIBUTE_LENGTH:
-        raise ValueError(f"an attribute length cap would cut string attributes to {cap} characters, rollout and task ids "
-                         f"included: it must be at least {MIN_ATTRIBUTE_LENGTH} (max_attribute_length, or "
-                         "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)")  # fmt: skip
+        raise ValueError(
+            f"an attribute length cap would cut string attributes to {cap} characters, rollout and task ids "
+            f"included: it must be at least {MIN_ATTRIBUTE_LENGTH} (max_attribute_length, or "
+            "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT)"
+        )
 
 
-def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:  # noqa: ANN001 - an integration module
+def _arm(integration, provider: TracerProvider, chosen: Options) -> bool:
     """Turn the integration on now, or when its library is first imported. False if not installed."""
     if not integration.available():
         return False
 
-    def turn_on(_module=None) -> None:  # noqa: ANN001
+    def turn_on(_module=None) -> None:
         try:
             integration.enable(provider, chosen)
-        except Exception:  # noqa: BLE001 - one broken integration must not stop the agent
+        except Exception:
             log.exception("lightning_otel: could not turn on the %s integration", integration.NAME)
 
     if integration.TRIGGER is None or integration.TRIGGER in sys.modules:

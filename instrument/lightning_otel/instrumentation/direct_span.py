@@ -16,8 +16,9 @@ SDK's (or an SDK laid out differently), so the worst case is the SDK's cost, not
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from time import time_ns
-from typing import Any, Mapping
+from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -60,9 +61,15 @@ def start_span(tracer: Any, name: str, kind: SpanKind, attributes: dict[str, Any
             sampled, recording = sampling.decision.is_sampled(), sampling.decision.is_recording()
             trace_state, extra = sampling.trace_state, sampling.attributes
         flags = TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT
-        random_id = getattr(parent.trace_flags, "random_trace_id", False) if parent else tracer.id_generator.is_trace_id_random()
+        random_id = (
+            getattr(parent.trace_flags, "random_trace_id", False)
+            if parent
+            else tracer.id_generator.is_trace_id_random()
+        )
         flags = TraceFlags(flags | _RANDOM_TRACE_ID if random_id else flags)
-    context = SpanContext(trace_id, tracer.id_generator.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=trace_state)
+    context = SpanContext(
+        trace_id, tracer.id_generator.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=trace_state
+    )
     if not recording:
         return NonRecordingSpan(context)
     if extra:
@@ -134,8 +141,15 @@ class DirectSpan(trace.Span):
     """A recording span kept as plain fields until `end()`. Not for use across threads at once
     (one model call's span is touched by the thread running that call)."""
 
-    def __init__(self, tracer: Any, name: str, kind: SpanKind, context: SpanContext, parent: SpanContext | None,
-                 attributes: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        tracer: Any,
+        name: str,
+        kind: SpanKind,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: dict[str, Any],
+    ) -> None:
         self._tracer, self._name, self._kind, self._context, self._parent = tracer, name, kind, context, parent
         self._attributes = attributes
         self._clean = _PLAIN.issuperset(map(type, attributes.values()))
@@ -171,8 +185,9 @@ class DirectSpan(trace.Span):
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None, timestamp: int | None = None) -> None:
         if self._end_time is None:
             limits = self._tracer._span_limits
-            cleaned = BoundedAttributes(limits.max_event_attributes, attributes, max_value_len=limits.max_attribute_length,
-                                        immutable=True)  # fmt: skip
+            cleaned = BoundedAttributes(
+                limits.max_event_attributes, attributes, max_value_len=limits.max_attribute_length, immutable=True
+            )
             self._events.append(Event(name, cleaned, timestamp))
 
     def add_link(self, context: SpanContext, attributes: Mapping[str, Any] | None = None) -> None:
@@ -203,11 +218,23 @@ class DirectSpan(trace.Span):
         limits = tracer._span_limits
         too_many = limits.max_span_attributes is not None and len(attributes) > limits.max_span_attributes
         if not self._clean or too_many or limits.max_attribute_length is not None:
-            attributes = BoundedAttributes(limits.max_span_attributes, attributes, max_value_len=limits.max_attribute_length,
-                                           immutable=True)  # fmt: skip
-        readable = ReadableSpan(self._name, self._context, self._parent, tracer.resource, attributes, tuple(self._events),
-                                tuple(self._links), self._kind, status=self._status, start_time=self._start_time,
-                                end_time=self._end_time, instrumentation_scope=tracer._instrumentation_scope)  # fmt: skip
+            attributes = BoundedAttributes(
+                limits.max_span_attributes, attributes, max_value_len=limits.max_attribute_length, immutable=True
+            )
+        readable = ReadableSpan(
+            self._name,
+            self._context,
+            self._parent,
+            tracer.resource,
+            attributes,
+            tuple(self._events),
+            tuple(self._links),
+            self._kind,
+            status=self._status,
+            start_time=self._start_time,
+            end_time=self._end_time,
+            instrumentation_scope=tracer._instrumentation_scope,
+        )
         hooks = _processor_hooks(tracer.span_processor)
         if hooks is None:
             tracer.span_processor.on_end(readable)

@@ -13,8 +13,9 @@ definitions as `llm.tools` (they are in the parameters). Standard library only (
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any, Mapping
+from typing import Any
 
 from lightning_otel.core import schema
 from lightning_otel.core.vllm_endpoint import CHAT, first_choice, read_field
@@ -31,8 +32,14 @@ def _keys(prefix: str, index: int) -> tuple[str, ...]:
     keys = _KEYS.get((prefix, index))
     if keys is None:
         start = schema.message_attribute(prefix, index, "")  # "llm.input_messages.0."
-        fields = (schema.MESSAGE_ROLE, schema.MESSAGE_CONTENT, schema.MESSAGE_NAME, schema.MESSAGE_TOOL_CALL_ID,
-                  schema.MESSAGE_CONTENTS, schema.MESSAGE_TOOL_CALLS)  # fmt: skip
+        fields = (
+            schema.MESSAGE_ROLE,
+            schema.MESSAGE_CONTENT,
+            schema.MESSAGE_NAME,
+            schema.MESSAGE_TOOL_CALL_ID,
+            schema.MESSAGE_CONTENTS,
+            schema.MESSAGE_TOOL_CALLS,
+        )
         keys = tuple(start + field for field in fields)
         if len(_KEYS) < 4096:
             _KEYS[(prefix, index)] = keys
@@ -43,7 +50,13 @@ def _message(prefix: str, index: int, message: Any, attributes: dict[str, Any]) 
     role_key, content_key, name_key, tool_call_id_key, contents_key, tool_calls_key = _keys(prefix, index)
     if type(message) is dict:  # a request's messages, or the response JSON: plain reads
         get = message.get
-        role, content, name, tool_call_id, tool_calls = get("role"), get("content"), get("name"), get("tool_call_id"), get("tool_calls")
+        role, content, name, tool_call_id, tool_calls = (
+            get("role"),
+            get("content"),
+            get("name"),
+            get("tool_call_id"),
+            get("tool_calls"),
+        )
     else:
         role, content, name, tool_call_id, tool_calls = (read_field(message, key) for key in _MESSAGE_FIELDS)
     if role is not None:
@@ -64,9 +77,11 @@ def _message(prefix: str, index: int, message: Any, attributes: dict[str, Any]) 
     for j, call in enumerate(tool_calls or ()):
         call_prefix = f"{tool_calls_key}.{j}."
         function = read_field(call, "function")
-        for field, value in ((schema.TOOL_CALL_ID, read_field(call, "id")),
-                             (schema.TOOL_CALL_FUNCTION_NAME, read_field(function, "name")),
-                             (schema.TOOL_CALL_FUNCTION_ARGUMENTS, read_field(function, "arguments"))):  # fmt: skip
+        for field, value in (
+            (schema.TOOL_CALL_ID, read_field(call, "id")),
+            (schema.TOOL_CALL_FUNCTION_NAME, read_field(function, "name")),
+            (schema.TOOL_CALL_FUNCTION_ARGUMENTS, read_field(function, "arguments")),
+        ):
             if value is not None:
                 attributes[call_prefix + field] = str(value)
 
@@ -98,7 +113,9 @@ def request_attributes(kind: str, body: Mapping[str, Any], hide_inputs: bool) ->
 _ENCODER = json.JSONEncoder(default=str)  # json.dumps(default=...) would build an encoder per call
 # json's C encoder made once, without the circular-reference memo (JSONEncoder builds both per call:
 # half the time of encoding a call's parameters); a circular value ends in RecursionError instead
-_C_ENCODER = c_make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True) if c_make_encoder else None
+_C_ENCODER = (
+    c_make_encoder(None, str, encode_basestring_ascii, None, ": ", ", ", False, False, True) if c_make_encoder else None
+)
 
 
 def _json(value: Any) -> str:
@@ -131,9 +148,11 @@ def response_attributes(kind: str, response: Any, hide_outputs: bool) -> dict[st
         attributes[schema.LLM_MODEL_NAME] = str(model)
     usage = read_field(response, "usage")
     if usage is not None:
-        for name, key in ((schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
-                          (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
-                          (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens")):  # fmt: skip
+        for name, key in (
+            (schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
+            (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
+            (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens"),
+        ):
             value = read_field(usage, key)
             if isinstance(value, int):
                 attributes[name] = value

@@ -6,8 +6,9 @@ dropped-span counter `rollout()` reports. `instrument()` is the only writer.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Literal, get_args
 
 CaptureMode = Literal["auto", "always", "off"]
 OpenAISpans = Literal["lean", "openinference"]
@@ -29,10 +30,12 @@ class Options:
         """An id that goes on spans as an attribute, refused if the attribute cap would cut it."""
         cap = self.max_attribute_length
         if cap is not None and len(value) > cap:
-            raise ValueError(f"{what} is {len(value)} characters, over max_attribute_length={cap}: it would be cut on the spans")
+            raise ValueError(
+                f"{what} is {len(value)} characters, over max_attribute_length={cap}: it would be cut on the spans"
+            )
         return value
 
-    def trace_config(self):  # noqa: ANN201 - openinference TraceConfig
+    def trace_config(self):
         from openinference.instrumentation import TraceConfig
 
         return TraceConfig(hide_inputs=self.hide_inputs, hide_outputs=self.hide_outputs)

@@ -163,7 +163,7 @@ def _attributes(tag: int, attributes: Mapping[str, Any] | None) -> list[bytes]:
                 value_bytes = b"\x3a" + (small[n] if n < 16384 else _varint_uncached(n)) + value
             else:
                 value_bytes = _any_value(value)
-        except Exception as error:  # noqa: BLE001 - as encode_spans: one bad value, not the batch
+        except Exception as error:
             log.exception("Failed to encode key %s: %s", key, error)
             continue
         n = len(value_bytes)
@@ -240,8 +240,12 @@ def encode_span(span: Any) -> bytes:
             return encoded
     context = span.get_span_context()
     parent = span.parent
-    parts = [b"", b"\x0a\x10" + context.trace_id.to_bytes(16, "big"), b"\x12\x08" + context.span_id.to_bytes(8, "big"),
-             _string(0x1A, _trace_state(context.trace_state))]  # fmt: skip
+    parts = [
+        b"",
+        b"\x0a\x10" + context.trace_id.to_bytes(16, "big"),
+        b"\x12\x08" + context.span_id.to_bytes(8, "big"),
+        _string(0x1A, _trace_state(context.trace_state)),
+    ]
     if parent:
         parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
     parts.append(_string(0x2A, span.name))

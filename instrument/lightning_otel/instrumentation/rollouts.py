@@ -14,9 +14,10 @@ import inspect
 import json
 import math
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -61,12 +62,10 @@ def _tracer() -> trace.Tracer:
 class LightningSpanProcessor(SpanProcessor):
     """Stamps the rollout identity on every span started inside a rollout."""
 
-    def on_start(self, span, parent_context=None) -> None:  # noqa: ANN001 - SDK signature
+    def on_start(self, span, parent_context=None) -> None:
         current = context_api.get_value(_ROLLOUT_KEY, parent_context)
         if current is not None:
             span.set_attributes(current._attributes)  # set_attributes copies
-
-
 
 
 @contextmanager
@@ -82,8 +81,11 @@ def rollout(
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
     chosen = STATE.options
-    current = Rollout(rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
-                      task_id=chosen.check_id("task_id", str(task_id)), attempt=int(attempt))  # fmt: skip
+    current = Rollout(
+        rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
+        task_id=chosen.check_id("task_id", str(task_id)),
+        attempt=int(attempt),
+    )
     span_attributes = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT,
         schema.ROLLOUT_ROOT: True,

@@ -9,11 +9,19 @@ import os
 import sys
 from collections.abc import Callable
 
+from lightning_otel.core.otlp import SPANS_DESTINATION, traces_endpoint
 from lightning_otel.trainer.config import add_flags
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="one scheduled training run: select, update, checkpoint, swap, exit")
+    p = sub.add_parser(
+        "train",
+        help="one scheduled training run: select, update, checkpoint, swap, exit",
+        description=(
+            f"Sends a train_step span and the merge diagnostics of each run over OTLP/HTTP to {SPANS_DESTINATION};"
+            " --otlp-endpoint is [store] otlp_endpoint."
+        ),
+    )
     add_flags(p)
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line, without progress output")
     p.set_defaults(func=train)
@@ -22,13 +30,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def train(args: argparse.Namespace, on_stage: Callable[[str], None] | None = None) -> int:
     """Run it; exit status 0 done or nothing to do, 1 failed, 3 another run holds the lock.
     `on_stage(name)` is called as each stage of the run ends (training_run.run_once)."""
-    from lightning_otel.trainer.checkpoints import JobFailed, LockHeld
     from lightning_otel.trainer.config import load_config
-    from lightning_otel.trainer.training_run import run_once
 
     overrides = {k: v for k, v in vars(args).items() if "." in k}
+    config = load_config(args.config, overrides)
+    if os.environ.get("RANK", "0") == "0":  # before torch's imports: said at once
+        print(
+            f"lightning-otel train: spans -> {traces_endpoint(config.store.otlp_endpoint)}", file=sys.stderr, flush=True
+        )
+    from lightning_otel.trainer.checkpoints import JobFailed, LockHeld
+    from lightning_otel.trainer.training_run import run_once
+
     try:
-        summary = run_once(load_config(args.config, overrides), progress=not args.json, on_stage=on_stage)
+        summary = run_once(config, progress=not args.json, on_stage=on_stage)
     except LockHeld as exc:
         print(f"lightning-otel train: {exc}", file=sys.stderr)
         return 3

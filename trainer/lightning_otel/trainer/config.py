@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lightning_otel.core.flags import setting
+from lightning_otel.core.otlp import ENDPOINT_HELP
+
 
 @dataclass
 class UpdateConfig:
@@ -33,7 +36,7 @@ class UpdateConfig:
 @dataclass
 class StoreSection:
     data_dir: str = "./lightning-data"  # the collector's data directory
-    otlp_endpoint: str | None = None  # where training metrics go (default: the OTEL_* variables, else local)
+    otlp_endpoint: str | None = setting(None, ENDPOINT_HELP, aliases=("--otlp-endpoint",))  # as the gateway's
 
 
 @dataclass

@@ -154,7 +154,11 @@ def select_rollouts(
 ) -> Selection:
     """Rollouts matching the selection, rebuilt into chains of calls ready to merge."""
     config = config or SelectionConfig(where=where)
-    table = conn.sql(selection_sql(config)).to_arrow_table()
+    return rollouts_from_table(conn, conn.sql(selection_sql(config)).to_arrow_table(), config)
+
+
+def rollouts_from_table(conn: duckdb.DuckDBPyConnection, table: pa.Table, config: SelectionConfig) -> Selection:
+    """select_rollouts once its SQL has been read (`table`); `conn` answers one small query for wrapper spans."""
     prompts = _list_views(table.column("prompt_token_ids"), np.int32)
     completions = _list_views(table.column("completion_token_ids"), np.int32)
     logprobs = _list_views(table.column("completion_logprobs"), np.float64)

@@ -22,4 +22,6 @@ def enable(tracer_provider: Any, options: Options) -> None:
 
     instrumentor = OpenAIAgentsInstrumentor()
     if not instrumentor.is_instrumented_by_opentelemetry:
-        instrumentor.instrument(tracer_provider=tracer_provider, config=options.trace_config(), exclusive_processor=True)
+        instrumentor.instrument(
+            tracer_provider=tracer_provider, config=options.trace_config(), exclusive_processor=True
+        )

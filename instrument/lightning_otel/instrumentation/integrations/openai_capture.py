@@ -13,13 +13,20 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import openai
 from opentelemetry import trace
 
 from lightning_otel.core import schema
-from lightning_otel.core.vllm_endpoint import ENDPOINTS, StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
+from lightning_otel.core.vllm_endpoint import (
+    ENDPOINTS,
+    StreamAccumulator,
+    endpoint_kind,
+    token_attributes,
+    token_request_fields,
+)
 
 log = logging.getLogger(__name__)
 _parsed_types: tuple[type, ...] = (openai.BaseModel,)  # a whole, parsed response
@@ -28,7 +35,7 @@ _parsed_types: tuple[type, ...] = (openai.BaseModel,)  # a whole, parsed respons
 def client_headers(client: Any) -> dict[str, str]:
     try:
         return {k: v for k, v in dict(client.default_headers).items() if isinstance(v, str)}
-    except Exception:  # noqa: BLE001 - headers are a courtesy for authenticated servers
+    except Exception:
         return {}
 
 
@@ -54,7 +61,10 @@ def token_fields(client: Any, options: Any, kind: str, body: dict, capture: str)
     if capture == "off":
         return None
     base_url = _url_text(_base_url(client))
-    if capture == "auto" and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, client_headers(client))).is_vllm:
+    if (
+        capture == "auto"
+        and not (ENDPOINTS.cached(base_url) or ENDPOINTS.info(base_url, client_headers(client))).is_vllm
+    ):
         return None
     extra = dict(options.extra_json or {})
     extra.update(token_request_fields(kind, extra if "logprobs" in extra else body))  # what the request will say
@@ -96,7 +106,7 @@ def safely(fn: Callable, *args: Any) -> None:
     """Recording must never break the caller's call or stream: log instead."""
     try:
         fn(*args)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.exception("lightning_otel: could not record an OpenAI call")
 
 
@@ -113,7 +123,7 @@ def watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[Any
     if hasattr(response, "parse") and callable(response.parse):  # .with_raw_response
         try:
             parsed = response.parse()  # cached by the SDK: the caller's parse() gets this object
-        except Exception:  # noqa: BLE001 - the caller gets the response either way
+        except Exception:
             safely(on_done, None, False)
             return response
     iterator = getattr(parsed, "_iterator", None)
@@ -189,6 +199,6 @@ def sdk_response_class() -> type | None:
 
     module = getattr(_base_client, "httpx2", None) or getattr(_base_client, "httpx", None)
     response_class = getattr(module, "Response", None)
-    return response_class if isinstance(response_class, type) and callable(getattr(response_class, "json", None)) else None
-
-
+    return (
+        response_class if isinstance(response_class, type) and callable(getattr(response_class, "json", None)) else None
+    )

@@ -29,11 +29,23 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Status, StatusCode
 
+from lightning_otel.core.vllm_endpoint import (
+    CHAT,
+    COMPLETIONS,
+    StreamAccumulator,
+    endpoint_kind,
+    packed_attributes,
+    token_attributes,
+)
 from lightning_otel.instrumentation.direct_span import start_span
 from lightning_otel.instrumentation.integrations.openai_capture import NO_FIELDS, safely, stamp, token_fields, watch
-from lightning_otel.instrumentation.openinference_attributes import output_attributes, request_attributes, response_attributes, stream_text
+from lightning_otel.instrumentation.openinference_attributes import (
+    output_attributes,
+    request_attributes,
+    response_attributes,
+    stream_text,
+)
 from lightning_otel.instrumentation.options import Options
-from lightning_otel.core.vllm_endpoint import CHAT, COMPLETIONS, StreamAccumulator, endpoint_kind, packed_attributes, token_attributes
 
 log = logging.getLogger(__name__)
 try:  # the compiled body scanner (optional at install, as the OTLP encoder); LIGHTNING_OTEL_PURE_PYTHON=1 turns it off
@@ -54,7 +66,9 @@ class _LeanCall:
 
     def __init__(self, tracer: trace.Tracer, kind: str, body: dict, options: Options) -> None:
         self.kind, self.body, self.hide_outputs = kind, body, options.hide_outputs
-        self.span = start_span(tracer, _SPAN_NAMES[kind], trace.SpanKind.CLIENT, request_attributes(kind, body, options.hide_inputs))
+        self.span = start_span(
+            tracer, _SPAN_NAMES[kind], trace.SpanKind.CLIENT, request_attributes(kind, body, options.hide_inputs)
+        )
         self.base_url: str | None = None  # set when token ids are captured
         self.accumulator: StreamAccumulator | None = None
         self.texts: list[str] = []
@@ -77,7 +91,9 @@ class _LeanCall:
         self.ended = True
         try:
             if parsed is not None:
-                attributes = response_attributes(self.kind, self.data if self.data is not None else parsed, self.hide_outputs)
+                attributes = response_attributes(
+                    self.kind, self.data if self.data is not None else parsed, self.hide_outputs
+                )
                 if self.base_url:
                     attributes.update(self.taken if self.taken is not None else token_attributes(self.kind, parsed))
             else:  # a stream: what it delivered (token ids only when it ran to its end)
@@ -89,13 +105,13 @@ class _LeanCall:
         finally:
             self.span.end()  # with what could be recorded, whatever went wrong
 
-    def __enter__(self) -> "_LeanCall":
+    def __enter__(self) -> _LeanCall:
         """While the request runs: its span is the current one (and, once add_token_fields() asked
         for them, its response JSON is offered to take()); a failure ends it as an error."""
         self._token = context_api.attach(trace.set_span_in_context(self.span))
         return self
 
-    def __exit__(self, kind, exc, traceback) -> None:  # noqa: ANN001
+    def __exit__(self, kind, exc, traceback) -> None:
         if self._offered is not None:
             _taking.reset(self._offered)
         context_api.detach(self._token)
@@ -132,7 +148,9 @@ class _LeanCall:
         self.taken, self.data = token_attributes(self.kind, data), data
         if self.strip_ids and "prompt_token_ids" in data:
             data["prompt_token_ids"] = None  # as vLLM answers a request that did not ask
-        unasked = (("token_ids", "prompt_token_ids") if self.strip_ids else ()) + (("logprobs",) if self.strip_logprobs else ())
+        unasked = (("token_ids", "prompt_token_ids") if self.strip_ids else ()) + (
+            ("logprobs",) if self.strip_logprobs else ()
+        )
         for choice in data.get("choices") if type(data.get("choices")) is list else ():
             if type(choice) is dict:
                 for key in unasked:
@@ -148,7 +166,9 @@ class _LeanCall:
         text, prompt, completion, logprobs, position = cut
         data = _JSON.decode(text)  # json.loads(text): the scanner checked the bytes as UTF-8 JSON already
         choice = data["choices"][position] if position >= 0 else None
-        self.taken = {} if choice is None else packed_attributes(prompt, completion, logprobs, choice.get("finish_reason"))
+        self.taken = (
+            {} if choice is None else packed_attributes(prompt, completion, logprobs, choice.get("finish_reason"))
+        )
         self.data = data
         return data
 
@@ -162,11 +182,11 @@ _SPAN_NAMES = {CHAT: "ChatCompletion", COMPLETIONS: "Completion"}
 _taking: ContextVar[_LeanCall | None] = ContextVar("lightning_otel_openai_taking", default=None)
 
 
-def taking_wrapper(original):  # noqa: ANN001, ANN202
+def taking_wrapper(original):
     """BaseClient._process_response_data, which turns a response's JSON into SDK objects: a lean call
     in progress in this context reads (and trims) the JSON first."""
 
-    def _process_response_data(self, *, data, cast_to, response):  # noqa: ANN001, ANN202
+    def _process_response_data(self, *, data, cast_to, response):
         call = _taking.get()
         if call is not None and type(data) is dict:
             safely(call.take, data)
@@ -176,16 +196,16 @@ def taking_wrapper(original):  # noqa: ANN001, ANN202
     return _process_response_data
 
 
-def json_wrapper(original):  # noqa: ANN001, ANN202
+def json_wrapper(original):
     """httpx's Response.json, which the SDK calls on a response body: a lean call in progress in this
     context gets the compiled scanner's cut (when it is sure of the body) instead."""
 
-    def json(self, **kwargs):  # noqa: ANN001, ANN202
+    def json(self, **kwargs):
         call = _taking.get()
         if call is not None and call.taken is None and not kwargs:
             try:
                 data = call.take_body(self.content)
-            except Exception:  # noqa: BLE001 - the SDK's own parse below, and the Python path
+            except Exception:
                 log.exception("lightning_otel: could not read token fields from a response body")
                 data = None
             if data is not None:
@@ -207,12 +227,12 @@ def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall
         return None
     try:
         return _LeanCall(tracer, kind, body, options)
-    except Exception:  # noqa: BLE001 - an unexpected body: OpenInference's span instead, never a failed call
+    except Exception:
         log.exception("lightning_otel: could not start a lean span; using OpenInference's")
         return None
 
 
-def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):  # noqa: ANN001, ANN202
+def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
     def request(self, *args, **kwargs):
         call = _lean_call(args, tracer, options)
         if call is None:
@@ -226,7 +246,7 @@ def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options): 
     return request
 
 
-def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):  # noqa: ANN001, ANN202
+def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
     async def request(self, *args, **kwargs):
         call = _lean_call(args, tracer, options)
         if call is None:
@@ -238,5 +258,3 @@ def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
 
     request.__wrapped__ = original
     return request
-
-

@@ -21,7 +21,7 @@ def available() -> bool:
     return True
 
 
-def _in_context(ctx, fn):  # noqa: ANN001, ANN202
+def _in_context(ctx, fn):
     def run(*args, **kwargs):
         token = context_api.attach(ctx)
         try:
@@ -37,10 +37,10 @@ def enable(tracer_provider: Any, options: Options) -> None:
         return
     _originals["submit"], _originals["start"] = ThreadPoolExecutor.submit, threading.Thread.start
 
-    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN202
+    def submit(self, fn, /, *args, **kwargs):
         return _originals["submit"](self, _in_context(context_api.get_current(), fn), *args, **kwargs)
 
-    def start(self):  # noqa: ANN202
+    def start(self):
         self.run = _in_context(context_api.get_current(), self.run)
         return _originals["start"](self)
 
