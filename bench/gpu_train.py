@@ -5,18 +5,31 @@ trainer/lightning_otel/trainer/layout.py does), the same per-token weighted PPO 
 
     python bench/gpu_train.py --shape 0.5b --seconds 90
     python bench/gpu_train.py --shape tiny --device cpu --seconds 10      # a dry run here
+    torchrun --nproc-per-node N bench/gpu_train.py --shape 1.5b --fsdp    # sharded, N GPUs
 
 MFU = 6 * parameters * tokens/s / peak; tokens are the tokens actually computed (a shared prompt
 once). Peak defaults to 790e12 (H200 bf16 dense, as measured for this workplace's device).
+
+--fsdp: the trainer's own sharding (trainer/lightning_otel/trainer/sharding.py's shard_model, imported
+from this checkout): float32 master weights, one fully_shard per decoder layer and one for the root,
+bf16 compute with float32 gradient reduction (mixed_precision "auto" on CUDA), AdamW on the shards.
+Every rank runs its own micro-batch (data parallel, as update.py splits rows): tokens/s is the sum
+over ranks, MFU is per GPU (divided by N), peak memory is the largest rank's. On one GPU it is
+still FSDP2 (a mesh of one), so the float32 master weights and the bf16 compute copies show in
+its peak memory beside the plain bf16 run's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 SHAPES = {
@@ -85,8 +98,19 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=512)
     parser.add_argument("--peak", type=float, default=790e12)
     parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 across torchrun's ranks")
     args = parser.parse_args()
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    cuda = args.device.startswith("cuda")
+    world, rank = 1, 0
+    if args.fsdp:
+        dist.init_process_group("nccl" if cuda else "gloo")
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if cuda:
+            args.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+            torch.cuda.set_device(args.device)
+        torch.manual_seed(rank)  # each rank its own rows, as the trainer splits a batch
+    # Sharded: float32 master weights, bf16 compute through FSDP's mixed precision (as the trainer).
+    dtype = torch.bfloat16 if cuda and not args.fsdp else torch.float32
     config = Qwen2Config(
         **SHAPES[args.shape],
         max_position_embeddings=32768,
@@ -98,7 +122,13 @@ def main() -> None:
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     params = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=args.device.startswith("cuda"))
+    if args.fsdp:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "trainer"))
+        from lightning_otel.trainer.sharding import shard_model
+
+        model = shard_model(model, torch.device(args.device), "auto")
+    # Fused AdamW on DTensor shards depends on the torch version; foreach is the default either way.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=cuda and not args.fsdp)
     ids, positions, mask, source, generated = grouped_rows(
         args.groups, args.group_size, args.prompt, args.completion, config.vocab_size, args.device
     )
@@ -118,26 +148,46 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
 
     step()  # warm-up
-    if args.device.startswith("cuda"):
+    if cuda:
         torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()  # the timed steps' peak, AdamW's state allocated by now
     steps, begin = 0, time.perf_counter()
-    while time.perf_counter() - begin < args.seconds:
+    # Ranks must run the same number of steps (each is a collective): rank 0's clock decides.
+    while not _stop(time.perf_counter() - begin >= args.seconds, args.fsdp):
         step()
         steps += 1
-    if args.device.startswith("cuda"):
+    if cuda:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - begin
-    tokens_per_s = steps * tokens_per_step / elapsed
+    tokens_per_s = world * steps * tokens_per_step / elapsed
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    if args.fsdp:
+        peaks = [None] * world
+        dist.all_gather_object(peaks, peak)
+        peak = max(peaks) if cuda else None
     result = {
         "shape": args.shape,
+        "sharding": f"fsdp x {world}" if args.fsdp else "none",
         "parameters": params,
-        "tokens_per_step": tokens_per_step,
+        "tokens_per_step": world * tokens_per_step,
         "steps": steps,
         "tokens_per_s": tokens_per_s,
-        "mfu": 6 * params * tokens_per_s / args.peak,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
+        "mfu": 6 * params * tokens_per_s / (args.peak * world),
+        "peak_memory_gib": peak,  # per GPU (sharded: the largest rank's)
     }
-    print(json.dumps(result))
+    if rank == 0:
+        print(json.dumps(result))
+    if args.fsdp:
+        dist.destroy_process_group()
+
+
+def _stop(done: bool, sharded: bool) -> bool:
+    """Whether to stop timing; sharded, rank 0's answer on every rank."""
+    if not sharded:
+        return done
+    flag = torch.tensor([int(done)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
 
 
 if __name__ == "__main__":

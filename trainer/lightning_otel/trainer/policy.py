@@ -14,11 +14,21 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from lightning_otel.trainer.checkpoints import CheckpointStore
 from lightning_otel.trainer.hotswap import SwapReport, VLLMAdmin, hot_swap
 from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, select_rollouts
+from lightning_otel.trainer.sharding import (
+    SHARDED_OPTIMIZER,
+    check_options,
+    full_state_dict,
+    load_optimizer,
+    non_finite_parameters,
+    save_sharded_optimizer,
+    shard_model,
+)
 from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, policy_update
 
 
@@ -50,13 +60,18 @@ class PolicyTrainer:
         gradient_checkpointing: bool = False,
     ):
         self.config = config or UpdateConfig()
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+        check_options(self.config.sharding, self.config.mixed_precision)
+        self.sharded = self.config.sharding == "fsdp"
+        if self.sharded and lora is not None:
+            raise ValueError("[update] sharding = 'fsdp' trains full weights: LoRA with FSDP is not supported")
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        # Sharded, the model is loaded on CPU and each rank moves only its shards to the device.
+        self.model = self._place(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype), device)
         self.reference = None
         if self.config.kl_coef:
-            self.reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-            self.reference.requires_grad_(False)
-        if gradient_checkpointing:
+            reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).requires_grad_(False)
+            self.reference = self._place(reference, device).eval()
+        if gradient_checkpointing or self.config.activation_checkpointing:
             self.model.gradient_checkpointing_enable()
         if lora is not None:
             from peft import get_peft_model
@@ -81,6 +96,9 @@ class PolicyTrainer:
             raise ValueError(f"no trainable rollouts for WHERE {where!r}; excluded: {selection.excluded}")
         return self.train_on(selection, max_staleness)
 
+    def _place(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        return shard_model(model, device, self.config.mixed_precision) if self.sharded else model.to(device)
+
     def train_on(self, selection: Selection, max_staleness: int | None = None, progress: bool = False) -> StepResult:
         """Steps 3-5 on rollouts already selected (e.g. built in memory)."""
         batch = build_batch(selection, max_staleness=max_staleness, current_version=self.version, config=self.config)
@@ -90,7 +108,18 @@ class PolicyTrainer:
 
     def write_checkpoint(self, folder: Path, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> None:
         """One checkpoint's files: `model/` (LoRA merged in) or, with `adapter_only`, `adapter/` (for
-        LoRA swaps); `optimizer.pt`; `state.json`; `rollouts.parquet` (the rollouts this step trained on)."""
+        LoRA swaps); `optimizer.pt`; `state.json`; `rollouts.parquet` (the rollouts this step trained on).
+        Sharded, every rank calls it (sharding.py): rank 0 writes `model/` from the gathered weights,
+        every rank its part of `optimizer/`, rank 0 the rest."""
+        if self.sharded:
+            weights = full_state_dict(self.model)  # every rank takes part; rank 0 gets the tensors
+            if dist.get_rank() == 0:
+                self.model.save_pretrained(folder / "model", state_dict=weights, safe_serialization=True)
+            del weights
+            save_sharded_optimizer(self.model, self.optimizer, folder / SHARDED_OPTIMIZER)
+            if dist.get_rank() == 0:
+                self._write_state(folder, rollout_ids)
+            return
         if adapter_only:
             self.model.save_pretrained(folder / "adapter", safe_serialization=True)
         else:
@@ -101,16 +130,40 @@ class PolicyTrainer:
                 model = copy.deepcopy(model).merge_and_unload()
             model.save_pretrained(folder / "model", safe_serialization=True)
         torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        self._write_state(folder, rollout_ids)
+
+    def _write_state(self, folder: Path, rollout_ids: list[str] | None) -> None:
         ids = list(rollout_ids or [])
         pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), folder / "rollouts.parquet")
         state = {"step": self.version, "version": str(self.version), "rollouts": len(ids), "created": time.time()}
         (folder / "state.json").write_text(json.dumps(state))
 
+    def commit(self, store: CheckpointStore, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> Path:
+        """Write this version's checkpoint and commit it through `store`; returns the committed folder.
+        Sharded, every rank calls it: all write into rank 0's temporary folder, rank 0 alone renames it
+        (once every rank's files are written), so the commit stays a single rename."""
+        if not self.sharded:
+            return store.commit(self.version, lambda tmp: self.write_checkpoint(tmp, rollout_ids, adapter_only))
+        lead = dist.get_rank() == 0
+        tmp = _from_rank0(store.begin(self.version) if lead else None)
+        self.write_checkpoint(tmp, rollout_ids, adapter_only)
+        dist.barrier()  # every rank's optimizer shard is on disk
+        return _from_rank0(store.finish(self.version, tmp) if lead else None)
+
+    def load_optimizer(self, checkpoint: Path) -> None:
+        """The optimizer state of a committed checkpoint, sharded or not (sharding.load_optimizer)."""
+        load_optimizer(self.model, self.optimizer, checkpoint)
+
+    def non_finite_parameters(self) -> list[str]:
+        """Names of parameters holding a NaN or an infinity (sharded: every rank calls it)."""
+        return non_finite_parameters(self.model)
+
     def save_weights(self) -> Path:
         """Commit the current weights as this version's checkpoint (keeping the newest `keep`); returns
-        its model folder, which vLLM loads."""
-        checkpoint = self.store.commit(self.version, self.write_checkpoint)
-        self.store.retire(self.keep)
+        its model folder, which vLLM loads. Sharded, every rank calls it."""
+        checkpoint = self.commit(self.store)
+        if not self.sharded or dist.get_rank() == 0:
+            self.store.retire(self.keep)
         return checkpoint / "model"
 
     def swap_into(self, admin: VLLMAdmin) -> SwapReport:
@@ -119,3 +172,9 @@ class PolicyTrainer:
         report = hot_swap(admin, weights, version=str(self.version), rollback_dir=self.serving_dir)
         self.serving_dir = weights
         return report
+
+
+def _from_rank0(value):
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -28,7 +28,10 @@ gradient") and its rollouts excluded; a step that left a non-finite weight fails
 anything is committed; every swap path refuses a checkpoint holding a NaN or an infinity.
 
 Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update; rank 0
-alone holds the lock, selects (and broadcasts the selection), checkpoints, swaps and reports.
+alone holds the lock, selects (and broadcasts the selection), checkpoints, swaps and reports. With
+`[update] sharding = "fsdp"` (sharding.py) each rank holds a shard of the model, so every rank also
+takes part in the checkpoint (weights gathered to rank 0, optimizer shards written by each; rank 0
+alone renames) and in the probe's forward pass; rank 0 alone swaps and compares.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from lightning_otel.core.vllm_admin import require_finite, server_root
 from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.config import TrainConfig
 from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
-from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, probe_max_diff
+from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, model_prompt_logprobs, served_max_diff
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
 from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
 from lightning_otel.trainer.update import UntrainableBatch
@@ -132,14 +135,19 @@ def _version(checkpoint: Path | None) -> str:
     return json.loads((checkpoint / "state.json").read_text())["version"] if checkpoint is not None else "0"
 
 
-def _distributed() -> tuple[int, str | None]:
-    """Join torchrun's process group when there is one: (rank, device)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+def _distributed(sharded: bool = False) -> tuple[int, str | None]:
+    """Join torchrun's process group when there is one: (rank, device). Sharded, a single torchrun
+    rank joins one too (FSDP needs a process group)."""
+    torchrun = "MASTER_ADDR" in os.environ and "RANK" in os.environ
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 and not (sharded and torchrun):
         return 0, None
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    device = f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
-    return dist.get_rank(), device
+    if not torch.cuda.is_available():
+        return dist.get_rank(), "cpu"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)  # NCCL's and FSDP's current device
+    return dist.get_rank(), f"cuda:{local_rank}"
 
 
 def _everyone(rank: int, value):
@@ -177,9 +185,9 @@ def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None =
             from safetensors.torch import load_file
 
             set_peft_model_state_dict(trainer.model, load_file(str(latest / "adapter" / "adapter_model.safetensors")))
-        trainer.optimizer.load_state_dict(torch.load(latest / "optimizer.pt", weights_only=True))
+        trainer.load_optimizer(latest)
         trainer.version = int(_version(latest))
-    if not all(torch.isfinite(p).all() for p in trainer.model.parameters()):
+    if trainer.non_finite_parameters():
         # Every loss would be NaN and every batch excluded as "at fault": refuse the model instead.
         raise JobFailed(f"the model loaded from {latest or model_dir} holds non-finite weights")
     return trainer
@@ -244,10 +252,15 @@ def _swap(config: TrainConfig, weights: Path, version: str, rollback: Path) -> f
     return time.perf_counter() - began
 
 
-def _probe(config: TrainConfig, trainer: PolicyTrainer, version: str) -> None:
+def _probe_expected(config: TrainConfig, trainer: PolicyTrainer) -> list[float]:
+    """The trainer's logprobs on the probe prompt (sharded: every rank calls it, the forward is collective)."""
+    return model_prompt_logprobs(trainer.model, _probe_ids(config))
+
+
+def _probe(config: TrainConfig, expected: list[float], version: str) -> None:
     ids = _probe_ids(config)
     for replica in config.server.replicas:
-        diff = probe_max_diff(VLLMAdmin(replica), _served_name(config, version), trainer.model, ids)
+        diff = served_max_diff(VLLMAdmin(replica), _served_name(config, version), ids, expected)
         if not diff <= config.server.probe_tolerance:
             raise JobFailed(f"{replica} serves logprobs {diff:.2e} away from the trainer's for version {version}")
 
@@ -301,7 +314,13 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         raise ValueError(
             "[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA"
         )
-    rank, device = _distributed()
+    sharded = config.update.sharding == "fsdp"
+    if sharded and (config.model.lora_rank or config.server.weight_push != "files"):
+        raise ValueError(
+            "[update] sharding = 'fsdp' trains full weights and swaps them as files: not with [model] lora_rank "
+            "or [server] weight_push = 'nccl'"
+        )
+    rank, device = _distributed(sharded)
     lead = rank == 0
     progress = progress and lead
     state_dir = Path(config.checkpoints.dir)
@@ -315,11 +334,14 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             latest = _everyone(rank, store.latest())
             previous = store.committed()[-2] if lead and len(store.committed()) > 1 else None
             trainer = _load_trainer(config, latest, device)
-        if lead and latest is not None and _served_versions(config) != {_version(latest)}:
-            log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)  # a crash after commit
+        catch_up = lead and latest is not None and _served_versions(config) != {_version(latest)}
+        if _everyone(rank, catch_up) if trainer.sharded else catch_up:  # a crash after a commit
+            log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)
             with stages("catch-up swap"):
-                _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
-                _probe(config, trainer, _version(latest))
+                expected = _probe_expected(config, trainer)
+                if lead:
+                    _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
+                    _probe(config, expected, _version(latest))
         if lead:
             store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
 
@@ -364,12 +386,12 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
                 store.exclude(exclusions)
                 _report(config, inputs + input_records([], exclusions))
             return summary
-        if not lead:
+        if not lead and not trainer.sharded:
             dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
             summary.status = "trained (worker)"
             return summary
-        try:
-            _commit_and_swap(config, store, trainer, result, latest, summary, stages, inputs)
+        try:  # sharded, every rank takes part: the weights are gathered, the optimizer written by all
+            _commit_and_swap(config, store, trainer, result, latest, summary, stages, inputs, lead)
         except JobFailed:
             if inputs:  # what this run excluded is in the ledger: say so in SQL too
                 _report(config, inputs)
@@ -377,6 +399,9 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         finally:
             if dist.is_initialized():
                 dist.barrier()
+        if not lead:
+            summary.status = "trained (worker)"
+            return summary
         summary.rollouts, summary.samples = len(selection.rollouts), len(result.batch.samples)
         summary.samples_histogram = result.batch.samples_per_rollout_histogram()
         summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
@@ -392,9 +417,11 @@ def _commit_and_swap(
     summary: RunSummary,
     stages: _Stages,
     inputs: list[InputRecord],
+    lead: bool = True,
 ) -> None:
-    """Rank 0: commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report."""
-    poisoned = [name for name, p in trainer.model.named_parameters() if not torch.isfinite(p).all()]
+    """Commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report: rank 0,
+    and when sharded every rank up to the commit and the probe's forward pass."""
+    poisoned = trainer.non_finite_parameters()
     if poisoned:  # finite gradients, yet the step overflowed: the configuration, not the rollouts
         raise JobFailed(
             f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
@@ -402,11 +429,11 @@ def _commit_and_swap(
         )
     with stages("checkpoint"):
         rollout_ids = [r.rollout_id for r in result.selection.rollouts]
-        checkpoint = store.commit(
-            trainer.version,
-            lambda tmp: trainer.write_checkpoint(tmp, rollout_ids, adapter_only=config.model.lora_rank > 0),
-        )
+        checkpoint = trainer.commit(store, rollout_ids, adapter_only=config.model.lora_rank > 0)
     version = str(trainer.version)
+    expected = _probe_expected(config, trainer)
+    if not lead:
+        return
     try:
         with stages("swap + probe"):
             if config.server.weight_push == "nccl":
@@ -418,7 +445,7 @@ def _commit_and_swap(
                 swap_seconds = time.perf_counter() - began
             else:
                 swap_seconds = _swap(config, _weights(checkpoint, config), version, _weights(latest, config))
-            _probe(config, trainer, version)
+            _probe(config, expected, version)
     except Exception as failure:
         # Put the previous weights back, forget this step: its rollouts return to the pool.
         store.reject(checkpoint)

@@ -3,7 +3,8 @@
 The loss is objective.py's. Everything that normalizes it (advantages, per-token weights) is fixed
 for the whole batch before the batch is cut into micro-batches or shared out across processes, so
 gradient accumulation and data parallelism give the full-batch gradient exactly: each process sums
-its rows' weighted losses, and the gradients are summed (not averaged) across processes.
+its rows' weighted losses, and the gradients are summed (not averaged) across processes: by an
+all-reduce, or sharded (sharding.py, FSDP2) by a reduce-scatter whose divide factor is 1.
 
 Nothing poisoned is stepped on: behaviour logprobs the loss cannot use are masked before the batch is
 built (input_hygiene.py, reported in `Batch.masked_calls`); if the loss or the gradient norm is
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from lightning_otel.trainer.config import UpdateConfig
 from lightning_otel.trainer.input_hygiene import MaskedCall, screen_call
@@ -36,6 +38,7 @@ from lightning_otel.trainer.objective import (
     weighted_loss,
 )
 from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
+from lightning_otel.trainer.sharding import is_sharded
 
 
 class UntrainableBatch(ValueError):
@@ -164,6 +167,17 @@ def _my_rows(rows: list[Row]) -> list[Row]:
     return rows
 
 
+def _micro_batches(rows: list[Row], size: int, sharded: bool) -> list[list[Row] | None]:
+    """This process's micro-batches. Sharded, every FSDP forward is a collective: each rank makes as
+    many passes as the busiest rank (rank 0, with ceil(rows / world) rows), None marking an extra one."""
+    mine = _my_rows(rows)
+    chunks: list[list[Row] | None] = [mine[start : start + size] for start in range(0, len(mine), size)]
+    if sharded:
+        passes = math.ceil(math.ceil(len(rows) / dist.get_world_size()) / size)
+        chunks += [None] * (passes - len(chunks))
+    return chunks
+
+
 def policy_update(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -179,21 +193,23 @@ def policy_update(
     device = next(model.parameters()).device
     groups = [batch.rollouts[r].task_id for r in batch.rollout_of_sample]
     rows = plan_rows(batch.samples, groups, config.layout, config.pack_length)
-    mine = _my_rows(rows)
+    chunks = _micro_batches(rows, config.micro_batch_size, is_sharded(model))
     model.train()
     optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(
         7, dtype=torch.float64
     )  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
     at_fault = torch.zeros(len(batch.rollouts), dtype=torch.float64)  # rollouts with a non-finite token loss
-    starts = range(0, len(mine), config.micro_batch_size)
     if progress:
         from tqdm import tqdm
 
-        starts = tqdm(starts, desc="update", unit="micro-batch", leave=False)
-    for start in starts:
-        chunk = mine[start : start + config.micro_batch_size]
+        chunks = tqdm(chunks, desc="update", unit="micro-batch", leave=False)
+    for chunk in chunks:
+        padding = chunk is None  # a sharded rank's extra pass: a real row, no weight, no metric
+        chunk = [min(rows, key=lambda row: row.length)] if padding else chunk
         t = row_tensors(batch.samples, batch.token_weights, batch.advantages, chunk, device)
+        if padding:
+            t["weights"] = torch.zeros_like(t["weights"])
         logprobs, entropy = scored_logprobs(model, t, with_entropy=True)
         # Reconstructed calls have no behaviour logprobs (NaN): treat them as on-policy.
         behaviour = torch.where(torch.isnan(t["behaviour"]), logprobs.detach(), t["behaviour"])
@@ -215,6 +231,8 @@ def policy_update(
         weights = t["weights"] * t["generated"]
         loss = weighted_loss(token_loss, weights)
         loss.backward()
+        if padding:
+            continue
         bad = ~torch.isfinite(token_loss.detach()) & (weights > 0)
         if bad.any():
             for sample in t["sample"][bad].unique().tolist():
@@ -233,16 +251,15 @@ def policy_update(
             dtype=torch.float64,
         )
     if dist.is_available() and dist.is_initialized():
-        for parameter in model.parameters():
+        for parameter in model.parameters() if not is_sharded(model) else ():  # FSDP has summed them
             if parameter.requires_grad:
                 if parameter.grad is None:
                     parameter.grad = torch.zeros_like(parameter)
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         dist.all_reduce(at_fault, op=dist.ReduceOp.SUM)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        [p for p in model.parameters() if p.requires_grad], config.max_grad_norm
-    ).item()
+    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
+    grad_norm = (grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm).item()
     loss, clipped, entropy, kl, generated, processed, real = totals.tolist()
     if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)  # and no step: the weights stay as they were
