@@ -1,4 +1,4 @@
-"""The tool-use example (what `make demo` runs): an OpenAI Agents SDK agent with a calculator tool,
+"""The tool-use example: an OpenAI Agents SDK agent with a calculator tool,
 trained on CPU by the whole loop (collector, vLLM with the hermes tool parser, train, hot-swap).
 
     python examples/tool_use/run.py --workdir ./demo-runs/tool_use --iterations 40
