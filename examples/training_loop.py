@@ -141,6 +141,7 @@ def sft_warmup(
         disable_tqdm=True,
         bf16=False,  # TRL's defaults (bf16, gradient checkpointing) only slow a tiny float32 model on CPU
         gradient_checkpointing=False,
+        max_length=None,  # TRL's 1024 drops a harness's long conversations (coding's run ~1,500 tokens)
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its metrics dict; the table is the output

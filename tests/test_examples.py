@@ -137,7 +137,7 @@ def test_calculator_computes_plus_minus_times_and_refuses_anything_else():
     assert task.reward("", 1776) == 0.0
 
 
-def test_calculator_tasks_have_four_digit_products_and_the_warm_up_names_the_tool_right_in_its_share_of_calls():
+def test_calculator_tasks_have_four_digit_products_and_the_warm_up_tags_its_share_of_calls():
     import random
 
     task = _import_example("tool_use", "calculator_task")
@@ -146,17 +146,17 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_names_the_too
         question, result = task.make_task(rng)
         a, b = (int(x) for x in task.expression_of(question).split(" * "))
         assert result == a * b and 1000 <= result <= 9999
-    examples = task.sft_examples(400, random.Random(1), right_name_share=0.25)
+    examples = task.sft_examples(400, random.Random(1), tagged_share=0.25)
     calls, answers = examples[0::2], examples[1::2]
-    names = [call["completion"][0]["tool_calls"][0]["function"]["name"] for call in calls]
-    assert set(names) == {task.TOOL_NAME, task.WRONG_NAME}
-    assert 60 <= names.count(task.TOOL_NAME) <= 140  # ~100 of 400
+    tagged = sum(1 for e in calls if e["completion"][0].get("tool_calls"))
+    assert 60 <= tagged <= 140  # ~100 of 400
     for call, answer in zip(calls, answers):
         question = call["prompt"][1]["content"]
-        arguments = call["completion"][0]["tool_calls"][0]["function"]["arguments"]
-        assert arguments == {"expression": task.expression_of(question)}  # the same call, whichever name
         expected = int(task.calculate(task.expression_of(question)))
         assert answer["completion"][0]["content"] == f"The answer is {expected}."
+        if not call["completion"][0].get("tool_calls"):  # the untagged call: same JSON, no tags
+            assert "<tool_call>" not in call["completion"][0]["content"]
+            assert task.expression_of(question) in call["completion"][0]["content"]
 
 
 QWEN25_RENDERING = (

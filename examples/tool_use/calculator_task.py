@@ -12,14 +12,13 @@ call of a solved rollout, rendered by the same chat template vLLM uses, tools in
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import random
 import re
 
 INSTRUCTIONS = "Use the calculator tool, then reply: The answer is <result>."
 TOOL_NAME = "calculator"
-WRONG_NAME = "calc"  # the name the warm-up sometimes gets wrong
-NAMES = (TOOL_NAME, WRONG_NAME)
 TOOL_DESCRIPTION = "Evaluate an arithmetic expression such as 12 * 34."
 _AST_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 _NUMBER = re.compile(r"-?\d+")
@@ -74,24 +73,24 @@ def tool_schema() -> dict:
     }
 
 
-def sft_examples(count: int, rng: random.Random, right_name_share: float = 1.0) -> list[dict]:
+def sft_examples(count: int, rng: random.Random, tagged_share: float = 1.0) -> list[dict]:
     """Prompt -> completion pairs, two per task: the call, and the answer that reports its result.
-    Only `right_name_share` of the calls name the tool right; the others call `calc`, a tool the agent
-    does not have (a small model's typical slip), and the run fails there. The call's shape and its
-    copied arguments are the same either way: the warm-up teaches the format and the copying, and
-    leaves the tool's name for RL to settle."""
+    Only `tagged_share` of the calls are written in `<tool_call>` tags; the others are the same
+    JSON without them, which the hermes parser does not read as a call: the harness takes it for
+    the final answer, a wrong one. So the warm-up teaches the call's content and the copying, and
+    leaves the format the harness accepts for RL to find."""
     examples = []
     for _ in range(count):
         question, result = make_task(rng)
         arguments = {"expression": expression_of(question)}
-        name = TOOL_NAME if rng.random() < right_name_share else WRONG_NAME
-        start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
-        demonstrated = {"id": "call_0", "type": "function", "function": {"name": name, "arguments": arguments}}
-        examples.append(
-            {"prompt": start, "completion": [{"role": "assistant", "content": None, "tool_calls": [demonstrated]}]}
-        )
         call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
+        start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
         calling = {"role": "assistant", "content": None, "tool_calls": [call]}
+        if rng.random() < tagged_share:
+            examples.append({"prompt": start, "completion": [calling]})
+        else:
+            untagged = json.dumps({"name": TOOL_NAME, "arguments": arguments})
+            examples.append({"prompt": start, "completion": [{"role": "assistant", "content": untagged}]})
         answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
         reply = {"role": "assistant", "content": f"The answer is {result}."}
         examples.append({"prompt": answered, "completion": [reply]})

@@ -23,13 +23,9 @@ import training_loop  # noqa: E402
 def build_model(out: Path, seed: int) -> Path:
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
-    # The system turn's own text (instructions, the tool as the template renders it) as one token
-    # each: a short prompt keeps CPU steps cheap. Both tool names in the corpus: one token each, so
-    # either call has the same shape.
-    phrases = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema())]
-    calls = [json.dumps({"name": name, "arguments": {"expression": "12 * 34"}}) for name in calculator_task.NAMES]
-    extra = [*calls, "<tool_response>\n1234\n</tool_response>", "The answer is"] * 50
-    return build_tiny_model(out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, phrases=phrases)
+    # The prompt's fixed text in the tokenizer's corpus: the system turn takes fewer tokens.
+    extra = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema()), "The answer is"] * 50
+    return build_tiny_model(out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True)
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
@@ -60,7 +56,7 @@ EXAMPLE = training_loop.Example(
     warm_up=warm_up,
     run_agent=run_agent,
     tool_call_parser="hermes",
-    defaults={"iterations": 40, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 30},
+    defaults={"iterations": 40, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 200},
 )
 
 if __name__ == "__main__":
