@@ -105,7 +105,7 @@ def measure() -> dict[str, float]:
     full, bare = response(True, True), response(False, False)
     out["json.loads 5.4 KB answer"] = per_item_us(lambda: json.loads(full), 1, 2000)
     out["json.loads 0.45 KB answer"] = per_item_us(lambda: json.loads(bare), 1, 20000)
-    from lightning_otel.instrumentation import _vllm_tokens  # the compiled scanner measured here
+    from lightning_otel.instrumentation.integrations import _vllm_tokens  # the compiled scanner measured here
 
     assert _vllm_tokens.cut(full, True, False, False) is not None
     out["token scanner 5.4 KB answer"] = per_item_us(lambda: _vllm_tokens.cut(full, True, False, False), 1, 20000)
