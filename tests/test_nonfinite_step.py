@@ -182,12 +182,12 @@ def test_the_gateway_refuses_a_lora_adapter_holding_a_nan(tmp_path):
 
 
 def test_a_direct_lora_swap_refuses_an_adapter_holding_an_infinity(tmp_path):
-    """Without a gateway the trainer loads adapters itself (training_run._swap): checked first too."""
+    """Without a gateway the trainer loads adapters itself (hotswap.swap_to): checked first too."""
     from safetensors.torch import save_file
 
     from lightning_otel.core.vllm_admin import SwapError
     from lightning_otel.trainer.config import TrainConfig
-    from lightning_otel.trainer.training_run import _swap
+    from lightning_otel.trainer.hotswap import swap_to
 
     adapter = tmp_path / "adapter"
     adapter.mkdir()
@@ -197,7 +197,7 @@ def test_a_direct_lora_swap_refuses_an_adapter_holding_an_infinity(tmp_path):
     config = TrainConfig()
     config.model.lora_rank, config.server.replicas = 8, ["http://127.0.0.1:9"]  # nothing listens there
     with pytest.raises(SwapError, match="non-finite"):
-        _swap(config, adapter, "1", tmp_path / "previous")
+        swap_to(config, adapter, "1", tmp_path / "previous")
 
 
 def test_a_step_that_leaves_non_finite_weights_or_a_non_finite_model_fails_the_run_and_commits_nothing(

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from lightning_otel.core.auth import bearer_ok
 from lightning_otel.core.vllm_admin import SwapError, VLLMAdmin, hot_swap, require_finite
-from lightning_otel.gateway.server import error_response
+from lightning_otel.gateway.errors import error_response
 
 _DRAIN_TIMEOUT_S = 600.0
 

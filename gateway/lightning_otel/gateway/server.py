@@ -32,7 +32,7 @@ import math
 import sys
 import time
 import urllib.parse
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,19 +47,12 @@ from lightning_otel.core.auth import bearer_ok
 from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
 from lightning_otel.gateway.config import GatewayConfig
+from lightning_otel.gateway.errors import STREAM_STARTED, error_response, errors_middleware
+from lightning_otel.gateway.idempotency import IdempotentRequests, body_digest
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's spans
-_IDEMPOTENCY_TTL_S = 600.0
-_IDEMPOTENCY_MAX = 10_000
 _VERSION_POLL_S = 0.1
-_STREAM_STARTED = "lightning_otel.stream_started"  # request key: the response's head is sent
-_ERROR_TYPES = {
-    404: "not_found_error",
-    405: "invalid_request_error",
-    413: "request_too_large",
-    422: "idempotency_error",
-}
 
 
 @dataclass
@@ -122,25 +115,6 @@ def _with_fields(raw: bytes, body: dict, fields: dict) -> bytes:
     return raw.rstrip()[:-1] + b"," + json.dumps(fields)[1:].encode()
 
 
-def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
-    """An error in the OpenAI API's shape, which OpenAI clients parse and raise with its message."""
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "code": status}}, status=status, headers=headers
-    )
-
-
-def _key_reused() -> web.Response:
-    message = (
-        "this Idempotency-Key was first used with a different request body or route; a new request needs a new key"
-    )
-    return error_response(422, message, _ERROR_TYPES[422])
-
-
-def body_digest(path: str, raw: bytes) -> bytes:
-    """What makes two requests with one Idempotency-Key the same request: route and body."""
-    return hashlib.blake2b(path.encode() + b"\0" + raw, digest_size=16).digest()
-
-
 class Gateway:
     def __init__(self, config: GatewayConfig, tracer: trace.Tracer | None = None) -> None:
         if not config.upstreams:
@@ -149,10 +123,7 @@ class Gateway:
         self.upstreams = [_Upstream(server_root(u)) for u in config.upstreams]
         self.tracer = tracer or trace.get_tracer("lightning_otel.gateway")
         self.session: ClientSession | None = None
-        self._completed: OrderedDict[str, tuple[float, bytes, int, dict, bytes]] = (
-            OrderedDict()
-        )  # expiry, digest, response
-        self._inflight: dict[str, tuple[bytes, asyncio.Future]] = {}
+        self.idempotent = IdempotentRequests()
         self._tasks: list[asyncio.Task] = []
         self._round_robin = 0
         self.idle: asyncio.Condition | None = None  # notified whenever a request finishes
@@ -161,7 +132,10 @@ class Gateway:
 
     # -- app ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors, self._auth])
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes,
+            middlewares=[errors_middleware(self.config.max_body_bytes), self._auth],
+        )
         app.router.add_get("/health", lambda _: web.Response(text="ok"))
         for prefix in ("", "/rollout/{rollout_id}", "/rollout/{rollout_id}/task/{task_id}"):
             app.router.add_route("*", prefix + "/v1/{path:.*}", self.proxy)
@@ -173,27 +147,6 @@ class Gateway:
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler):
-        """aiohttp's own errors (no route, wrong method, body over the limit) and unexpected ones as JSON."""
-        try:
-            return await handler(request)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            message = exc.text or exc.reason
-            if exc.status == 413:
-                message = (
-                    f"request body over the gateway's limit of {self.config.max_body_bytes} bytes (--max-body-bytes)"
-                )
-            headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-            return error_response(exc.status, message, _ERROR_TYPES.get(exc.status, "invalid_request_error"), headers)
-        except Exception:
-            if request.get(_STREAM_STARTED):
-                raise  # the stream's head is sent: nothing else can be answered
-            log.exception("gateway: unexpected error on %s %s", request.method, request.path)
-            return error_response(500, "internal error in the gateway (see its log)", "server_error")
 
     @web.middleware
     async def _auth(self, request: web.Request, handler):
@@ -290,45 +243,10 @@ class Gateway:
         if kind is not None:
             call.adapter = self.served.get(body.get("model"))
         if key and kind is not None:
-            return await self._once(key, digest, request, path, raw, call)
+            return await self.idempotent.once(
+                key, digest, lambda: self._forward(request, path, raw, call, buffer=True), lambda: self._headers(call)
+            )
         return await self._forward(request, path, raw, call)
-
-    async def _once(
-        self, key: str, digest: bytes, request: web.Request, path: str, raw: bytes, call: _Call
-    ) -> web.StreamResponse:
-        """A retried request (same Idempotency-Key and body) gets the first result; only the first is
-        recorded. The key reused with another route or body is a client error: 422, nothing sent."""
-        now = time.monotonic()
-        while self._completed and next(iter(self._completed.values()))[0] < now:
-            self._completed.popitem(last=False)
-        if key in self._completed:
-            _, first, status, headers, payload = self._completed[key]
-            if first != digest:
-                return _key_reused()
-            return web.Response(status=status, headers=headers, body=payload)
-        if key in self._inflight:
-            first, pending = self._inflight[key]
-            if first != digest:
-                return _key_reused()
-            status, headers, payload = await asyncio.shield(pending)
-            return web.Response(status=status, headers=headers, body=payload)
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._inflight[key] = (digest, future)
-        try:
-            response = await self._forward(request, path, raw, call, buffer=True)
-            result = (response.status, {"Content-Type": response.content_type, **self._headers(call)}, response.body)
-            if response.status < 500:
-                self._completed[key] = (now + _IDEMPOTENCY_TTL_S, digest, *result)
-                if len(self._completed) > _IDEMPOTENCY_MAX:
-                    self._completed.popitem(last=False)
-            future.set_result(result)
-            return response
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # mark retrieved: waiters re-raise it
-            raise
-        finally:
-            del self._inflight[key]
 
     async def _forward(
         self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False
@@ -407,7 +325,7 @@ class Gateway:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call)},
         )
         await response.prepare(request)
-        request[_STREAM_STARTED] = True
+        request[STREAM_STARTED] = True
         events = _SSEParser(StreamAccumulator(call.kind))
         error = None
         try:

@@ -43,7 +43,6 @@ import logging
 import os
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,12 +52,10 @@ import torch.distributed as dist
 
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
-from lightning_otel.core.gateway_client import GatewayAdminClient
-from lightning_otel.core.vllm_admin import require_finite, server_root
 from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.config import TrainConfig
 from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
-from lightning_otel.trainer.hotswap import VLLMAdmin, hot_swap, model_prompt_logprobs, served_max_diff
+from lightning_otel.trainer.hotswap import model_prompt_logprobs, probe, served_versions, swap_to
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
 from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
 from lightning_otel.trainer.update import UntrainableBatch
@@ -209,60 +206,9 @@ def _probe_ids(config: TrainConfig) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def _served_name(config: TrainConfig, version: str) -> str:
-    return (
-        f"{config.model.served_model_name}@{version}"
-        if config.model.lora_rank and version != "0"
-        else config.model.served_model_name
-    )
-
-
-def _served_versions(config: TrainConfig) -> set[str | None]:
-    """The versions the replicas serve now (full weights: vLLM's weight version; LoRA: the adapters loaded)."""
-    if config.model.lora_rank:
-        versions = set()
-        for replica in config.server.replicas:
-            with urllib.request.urlopen(server_root(replica) + "/v1/models", timeout=30) as reply:
-                names = [m["id"] for m in json.loads(reply.read())["data"]]
-            prefix = config.model.served_model_name + "@"
-            loaded = [n[len(prefix) :] for n in names if n.startswith(prefix)]
-            versions.add(max(loaded, key=int) if loaded else "0")
-        return versions
-    return {VLLMAdmin(replica).weight_version() for replica in config.server.replicas}
-
-
-def _swap(config: TrainConfig, weights: Path, version: str, rollback: Path) -> float:
-    """Swap every replica to `weights` (through the gateway when there is one); returns seconds."""
-    began = time.perf_counter()
-    if config.server.gateway:
-        gateway = GatewayAdminClient(config.server.gateway, config.server.admin_token)
-        if config.model.lora_rank:
-            gateway.swap_lora(weights, version, config.model.served_model_name)
-        else:
-            gateway.swap_full(weights, version, rollback)
-    else:
-        if config.model.lora_rank:
-            require_finite(weights)  # hot_swap checks full weights; an adapter is checked here
-        for replica in config.server.replicas:
-            admin = VLLMAdmin(replica)
-            if config.model.lora_rank:
-                admin.load_lora(_served_name(config, version), weights)
-            else:
-                hot_swap(admin, weights, version, rollback)
-    return time.perf_counter() - began
-
-
 def _probe_expected(config: TrainConfig, trainer: PolicyTrainer) -> list[float]:
     """The trainer's logprobs on the probe prompt (sharded: every rank calls it, the forward is collective)."""
     return model_prompt_logprobs(trainer.model, _probe_ids(config))
-
-
-def _probe(config: TrainConfig, expected: list[float], version: str) -> None:
-    ids = _probe_ids(config)
-    for replica in config.server.replicas:
-        diff = served_max_diff(VLLMAdmin(replica), _served_name(config, version), ids, expected)
-        if not diff <= config.server.probe_tolerance:
-            raise JobFailed(f"{replica} serves logprobs {diff:.2e} away from the trainer's for version {version}")
 
 
 def _report(
@@ -334,14 +280,14 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             latest = _everyone(rank, store.latest())
             previous = store.committed()[-2] if lead and len(store.committed()) > 1 else None
             trainer = _load_trainer(config, latest, device)
-        catch_up = lead and latest is not None and _served_versions(config) != {_version(latest)}
+        catch_up = lead and latest is not None and served_versions(config) != {_version(latest)}
         if _everyone(rank, catch_up) if trainer.sharded else catch_up:  # a crash after a commit
             log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)
             with stages("catch-up swap"):
                 expected = _probe_expected(config, trainer)
                 if lead:
-                    _swap(config, _weights(latest, config), _version(latest), _weights(previous, config))
-                    _probe(config, expected, _version(latest))
+                    swap_to(config, _weights(latest, config), _version(latest), _weights(previous, config))
+                    probe(config, _probe_ids(config), expected, _version(latest))
         if lead:
             store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
 
@@ -444,13 +390,13 @@ def _commit_and_swap(
                     push_weights(replica, trainer.model, version)
                 swap_seconds = time.perf_counter() - began
             else:
-                swap_seconds = _swap(config, _weights(checkpoint, config), version, _weights(latest, config))
-            _probe(config, expected, version)
+                swap_seconds = swap_to(config, _weights(checkpoint, config), version, _weights(latest, config))
+            probe(config, _probe_ids(config), expected, version)
     except Exception as failure:
         # Put the previous weights back, forget this step: its rollouts return to the pool.
         store.reject(checkpoint)
         try:
-            _swap(config, _weights(latest, config), _version(latest), _weights(latest, config))
+            swap_to(config, _weights(latest, config), _version(latest), _weights(latest, config))
         except Exception as rollback_failure:
             raise JobFailed(
                 f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}"
