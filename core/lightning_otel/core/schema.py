@@ -63,6 +63,53 @@ KIND_AGENT = "AGENT"
 KIND_CHAIN = "CHAIN"
 KIND_EVALUATOR = "EVALUATOR"  # a reward is an evaluation of the rollout
 
+# --- OpenTelemetry GenAI semantic conventions (gen_ai.*) -----------------------------------
+# What opentelemetry-instrumentation-openai-v2, OpenLLMetry, Pydantic AI and most backends speak.
+# Read by the collector's views (as well as OpenInference's names); written by instrument() and
+# the gateway when asked (docs/span-schema.md, "GenAI semantic conventions").
+# Two shapes exist: v1.36 (`gen_ai.system`, messages as log events or not at all) and the latest
+# experimental one, opted into with OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental
+# (`gen_ai.provider.name`, messages as JSON "parts" in gen_ai.input.messages / gen_ai.output.messages).
+SEMCONV_STABILITY_OPT_IN_ENV = "OTEL_SEMCONV_STABILITY_OPT_IN"
+SEMCONV_GEN_AI_LATEST = "gen_ai_latest_experimental"
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"  # latest; v1.36 and older: gen_ai.system
+GEN_AI_SYSTEM = "gen_ai.system"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_ID = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"  # string[]
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
+GEN_AI_REQUEST_SEED = "gen_ai.request.seed"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_INPUT_MESSAGES = "gen_ai.input.messages"  # JSON: [{"role", "parts": [{"type", ...}]}]
+GEN_AI_OUTPUT_MESSAGES = "gen_ai.output.messages"  # JSON: [{"role", "parts", "finish_reason"}]
+GEN_AI_SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"  # JSON parts
+GEN_AI_TOOL_DEFINITIONS = "gen_ai.tool.definitions"
+GEN_AI_TOOL_NAME = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID = "gen_ai.tool.call.id"
+GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
+GEN_AI_TOOL_DESCRIPTION = "gen_ai.tool.description"
+GEN_AI_TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+GEN_AI_AGENT_NAME = "gen_ai.agent.name"
+GEN_AI_AGENT_ID = "gen_ai.agent.id"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_OUTPUT_TYPE = "gen_ai.output.type"
+# gen_ai.operation.name values.
+GEN_AI_OP_CHAT = "chat"
+GEN_AI_OP_TEXT_COMPLETION = "text_completion"
+GEN_AI_OP_GENERATE_CONTENT = "generate_content"
+GEN_AI_OP_EXECUTE_TOOL = "execute_tool"
+GEN_AI_OP_INVOKE_AGENT = "invoke_agent"
+GEN_AI_OP_CREATE_AGENT = "create_agent"
+GEN_AI_OP_EMBEDDINGS = "embeddings"
+# The operations that are one model call (an LLM span in OpenInference's terms).
+GEN_AI_MODEL_CALL_OPERATIONS = (GEN_AI_OP_CHAT, GEN_AI_OP_TEXT_COMPLETION, GEN_AI_OP_GENERATE_CONTENT)
+
 # OpenTelemetry resource attribute.
 SERVICE_NAME = "service.name"
 # OpenTelemetry semantic conventions: the server that answered (the gateway's replica).
