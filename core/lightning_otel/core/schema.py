@@ -116,6 +116,22 @@ SERVICE_NAME = "service.name"
 SERVER_ADDRESS = "server.address"
 SERVER_PORT = "server.port"
 
+# --- GenAI conventions: the further names and values instrument() and the gateway write when asked
+# (docs/span-schema.md, "Writing GenAI semantic conventions"; pinned against opentelemetry-semantic-conventions
+# in tests/test_gen_ai_output.py).
+GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
+GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
+GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"  # string[]
+GEN_AI_REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+GEN_AI_REQUEST_STREAM = "gen_ai.request.stream"  # latest shape only
+ERROR_TYPE = "error.type"  # OpenTelemetry's general attribute: the class of error a failed operation ended with
+GEN_AI_PROVIDER_OPENAI = "openai"  # the OpenAI API's flavour, whichever server answers it (vLLM here)
+GEN_AI_PROVIDER_OTHER = "_OTHER"  # invoke_agent spans of our rollouts and agents: no one provider
+GEN_AI_TOOL_TYPE_FUNCTION = "function"  # a tool the client runs: what @tool marks
+# The two shapes instrument(gen_ai_conventions=...) and the gateway write.
+GEN_AI_SHAPE_V1_36 = "v1.36"
+GEN_AI_SHAPE_LATEST = "latest"
+
 # --- lightning.* : rollout identity (set on the rollout span and copied onto every span
 # started inside it, so SQL can group any span by rollout without walking the tree) --------
 ROLLOUT_ID = "lightning.rollout.id"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lightning_otel.core.flags import setting
+from lightning_otel.core.gen_ai import GEN_AI_HELP
 from lightning_otel.core.otlp import ENDPOINT_HELP
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -34,3 +35,4 @@ class GatewayConfig:
     )
     max_body_bytes: int = setting(DEFAULT_MAX_BODY_BYTES, "largest request body accepted; larger ones get 413")
     otlp_endpoint: str | None = setting(None, ENDPOINT_HELP)
+    gen_ai_conventions: str = setting("auto", GEN_AI_HELP)

@@ -42,7 +42,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 from opentelemetry.trace import Status, StatusCode
 
-from lightning_otel.core import schema
+from lightning_otel.core import gen_ai, schema
 from lightning_otel.core.auth import bearer_ok
 from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 from lightning_otel.core.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
@@ -87,10 +87,11 @@ class _Call:
 
 
 class _SSEParser:
-    """Feeds the `data:` events of a server-sent-event byte stream to a StreamAccumulator."""
+    """Feeds the `data:` events of a server-sent-event byte stream to a StreamAccumulator (and, with
+    GenAI conventions on, to a StreamedResponse)."""
 
-    def __init__(self, accumulator: StreamAccumulator) -> None:
-        self.accumulator = accumulator
+    def __init__(self, accumulator: StreamAccumulator, streamed: gen_ai.StreamedResponse | None = None) -> None:
+        self.accumulator, self.streamed = accumulator, streamed
         self._pending = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -100,7 +101,10 @@ class _SSEParser:
             data = line[6:].strip() if line.startswith(b"data: ") else b""
             if data and data != b"[DONE]":
                 try:
-                    self.accumulator.add(json.loads(data))
+                    chunk = json.loads(data)
+                    self.accumulator.add(chunk)
+                    if self.streamed is not None:
+                        self.streamed.add(chunk)
                 except ValueError:
                     continue
 
@@ -122,6 +126,7 @@ class Gateway:
         self.config = config
         self.upstreams = [_Upstream(server_root(u)) for u in config.upstreams]
         self.tracer = tracer or trace.get_tracer("lightning_otel.gateway")
+        self.gen_ai = gen_ai.chosen_shape(config.gen_ai_conventions)  # GenAI-convention shape also written, or None
         self.session: ClientSession | None = None
         self.idempotent = IdempotentRequests()
         self._tasks: list[asyncio.Task] = []
@@ -326,7 +331,7 @@ class Gateway:
         )
         await response.prepare(request)
         request[STREAM_STARTED] = True
-        events = _SSEParser(StreamAccumulator(call.kind))
+        events = self._events(call.kind)
         error = None
         try:
             async for chunk in reply.content.iter_any():
@@ -337,12 +342,15 @@ class Gateway:
         finally:
             reply.release()
         await response.write_eof()
-        self._record(call, None, error=error, accumulated=events.accumulator)
+        self._record(call, None, error=error, accumulated=events)
         return response
+
+    def _events(self, kind: str) -> _SSEParser:
+        return _SSEParser(StreamAccumulator(kind), gen_ai.StreamedResponse(kind) if self.gen_ai else None)
 
     # -- spans -------------------------------------------------------------------------------------
     def _record(
-        self, call: _Call, payload: bytes | None, error: str | None, accumulated: StreamAccumulator | None = None
+        self, call: _Call, payload: bytes | None, error: str | None, accumulated: _SSEParser | None = None
     ) -> None:
         if call.kind is None:
             return
@@ -364,9 +372,10 @@ class Gateway:
             if address.port:
                 attributes[schema.SERVER_PORT] = address.port
         if payload is not None and call.streaming:  # a buffered stream (an idempotent replay)
-            events = _SSEParser(StreamAccumulator(call.kind))
-            events.feed(payload + b"\n")
-            accumulated, payload = events.accumulator, None
+            accumulated = self._events(call.kind)
+            accumulated.feed(payload + b"\n")
+            payload = None
+        response = None
         if payload is not None:
             try:
                 response = json.loads(payload)
@@ -386,12 +395,33 @@ class Gateway:
             except (ValueError, AttributeError):
                 pass
         if accumulated is not None:
-            attributes.update(accumulated.attributes())
-        name = "ChatCompletion" if call.kind == "chat" else "Completion"
-        span = self.tracer.start_span(name, context=call.context, attributes=attributes, start_time=call.started_ns)
+            attributes.update(accumulated.accumulator.attributes())
+        name, kind = "ChatCompletion" if call.kind == "chat" else "Completion", trace.SpanKind.INTERNAL
+        if self.gen_ai is not None:
+            name, kind = self._gen_ai(call, response, accumulated, error, attributes), trace.SpanKind.CLIENT
+        span = self.tracer.start_span(
+            name, context=call.context, kind=kind, attributes=attributes, start_time=call.started_ns
+        )
         if error:
             span.set_status(Status(StatusCode.ERROR, error))
         span.end()
+
+    def _gen_ai(
+        self, call: _Call, response: Any, accumulated: _SSEParser | None, error: str | None, attributes: dict
+    ) -> str:
+        """Add the GenAI-convention attributes of the call to `attributes`; its span name."""
+        body = call.body if isinstance(call.body, dict) else {}
+        hide_inputs, hide_outputs = self.config.hide_inputs, self.config.hide_outputs
+        attributes.update(gen_ai.request_attributes(call.kind, body, self.gen_ai, hide_inputs))
+        counted: dict[str, Any] = {}
+        if accumulated is not None and accumulated.streamed is not None:
+            response, counted = accumulated.streamed.response(), accumulated.accumulator.token_counts()
+        if isinstance(response, dict):
+            attributes.update(gen_ai.response_attributes(call.kind, response, self.gen_ai, hide_outputs))
+            attributes.update(gen_ai.counted_usage({**counted, **attributes}))  # a stream's usage: from its ids
+        if error:
+            attributes.update(gen_ai.error_attributes(_error_type(error)))
+        return gen_ai.span_name(call.kind, body.get("model"))
 
     # -- rewards -----------------------------------------------------------------------------------
     async def reward(self, request: web.Request) -> web.Response:
@@ -414,6 +444,15 @@ class Gateway:
         }
         self.tracer.start_span(schema.SPAN_REWARD, context=extract(dict(request.headers)), attributes=attributes).end()
         return web.json_response({"recorded": True})
+
+
+def _error_type(error: str) -> str:
+    """A low-cardinality `error.type` for a failed call: the upstream's HTTP status, or what failed."""
+    if error.startswith("upstream answered "):
+        return error.rsplit(" ", 1)[-1]
+    if "timed out" in error:
+        return "timeout"
+    return "upstream_unavailable" if error.startswith("upstream unavailable") else "upstream_error"
 
 
 def serve(config: GatewayConfig) -> None:

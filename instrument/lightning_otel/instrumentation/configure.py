@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExportResult
 
 from lightning_otel.core import schema
+from lightning_otel.core.gen_ai import GenAIConventions, chosen_shape
 from lightning_otel.core.otlp import export_timeout_s, traces_endpoint
 from lightning_otel.core.token_encoding import current as token_encoding_in_use
 from lightning_otel.core.token_encoding import set_encoding
@@ -145,6 +146,7 @@ def instrument(
     hide_outputs: bool = False,
     max_attribute_length: int | None = None,
     openai_spans: OpenAISpans = "lean",
+    gen_ai_conventions: GenAIConventions = "auto",
 ) -> Instrumentation:
     """Configure tracing for this process and turn on the installed integrations.
 
@@ -166,12 +168,18 @@ def instrument(
       fraction of the cost per call; callers get only the token fields they asked for) or
       'openinference' (OpenInference's instrumentor, every attribute it records; README "Instrument
       an agent"). Other endpoints always use OpenInference's.
+    gen_ai_conventions: also write OpenTelemetry's GenAI semantic-convention attributes on our own
+      spans (lean OpenAI SDK calls, `@tool`, `rollout()`, `agent()`; docs/span-schema.md, "Writing GenAI
+      semantic conventions"): 'auto' (the default) only when OTEL_SEMCONV_STABILITY_OPT_IN has
+      gen_ai_latest_experimental, 'on' in the shape that variable selects (latest, else v1.36), 'off',
+      or a shape: 'latest', 'v1.36'. Message content follows hide_inputs / hide_outputs.
     """
     if capture_tokens not in CAPTURE_MODES:
         raise ValueError(f"capture_tokens must be one of {CAPTURE_MODES}, got {capture_tokens!r}")
     if openai_spans not in OPENAI_SPAN_MODES:
         raise ValueError(f"openai_spans must be one of {OPENAI_SPAN_MODES}, got {openai_spans!r}")
     _refuse_short_cap(max_attribute_length)
+    gen_ai = chosen_shape(gen_ai_conventions)
     with STATE.lock:
         if STATE.instrumentation is not None:
             return STATE.instrumentation
@@ -203,6 +211,7 @@ def instrument(
             hide_outputs=hide_outputs,
             openai_spans=openai_spans,
             max_attribute_length=cap,
+            gen_ai=gen_ai,
         )
         STATE.options = chosen
         if provider is None:

@@ -25,6 +25,7 @@ class Options:
     hide_outputs: bool = False  # completions and tool results (token ids and logprobs are kept)
     openai_spans: OpenAISpans = "lean"  # OpenAI SDK completions: our lean span, or OpenInference's
     max_attribute_length: int | None = None  # the cap on string attributes, if any
+    gen_ai: str | None = None  # the GenAI-convention shape also written ("v1.36", "latest"), or None
 
     def check_id(self, what: str, value: str) -> str:
         """An id that goes on spans as an attribute, refused if the attribute cap would cut it."""

