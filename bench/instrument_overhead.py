@@ -13,6 +13,8 @@ bare client too, leaving only the instrumentation's own work. Each mode runs in 
   lean-nocap             instrument(capture_tokens="off"): our lean span alone
   openinference          instrument(openai_spans="openinference"): OpenInference's span + our token capture
   openinference-nocap    instrument(openai_spans="openinference", capture_tokens="off")
+  lean-genai             instrument(gen_ai_conventions="latest"): lean + GenAI conventions, messages as JSON parts
+  lean-genai-v1.36       instrument(gen_ai_conventions="v1.36"): lean + GenAI conventions, no message content
 
 Calls run inside one rollout (as in an agent; rollout attributes are copied onto each span). Per
 mode it reports:
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -35,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODES = ("bare", "openinference", "openinference-nocap", "lean", "lean-nocap")
+MODES = ("bare", "openinference", "openinference-nocap", "lean", "lean-nocap", "lean-genai", "lean-genai-v1.36")
 CLIENT = """
 import contextlib, json, statistics, sys, time, openai
 pristine = openai.OpenAI.request
@@ -43,6 +46,8 @@ import lightning_otel
 mode, url, calls, endpoint = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 if mode != "bare":
     spans = {} if mode.startswith("lean") else {"openai_spans": "openinference"}  # lean: the default
+    if mode.startswith("lean-genai"):  # off by default
+        spans["gen_ai_conventions"] = "v1.36" if mode.endswith("v1.36") else "latest"
     inst = lightning_otel.instrument(endpoint=endpoint, capture_tokens="off" if mode.endswith("nocap") else "auto", **spans)
 instrumented = openai.OpenAI.request
 client = openai.OpenAI(base_url=url, api_key="x")
@@ -84,8 +89,13 @@ print(json.dumps(result))
 
 
 def run(mode: str, url: str, calls: int, endpoint: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_SEMCONV_STABILITY_OPT_IN"}  # it would turn GenAI on
     out = subprocess.run(
-        [sys.executable, "-c", CLIENT, mode, url, str(calls), endpoint], capture_output=True, text=True, check=True
+        [sys.executable, "-c", CLIENT, mode, url, str(calls), endpoint],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 

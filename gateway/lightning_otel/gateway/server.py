@@ -30,25 +30,22 @@ import json
 import logging
 import math
 import sys
-import time
-import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
-from opentelemetry import context as context_api
 from opentelemetry import trace
 from opentelemetry.propagate import extract
-from opentelemetry.trace import Status, StatusCode
 
-from lightning_otel.core import gen_ai, schema
+from lightning_otel.core import schema
 from lightning_otel.core.auth import bearer_ok
 from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
-from lightning_otel.core.vllm_endpoint import StreamAccumulator, endpoint_kind, token_attributes, token_request_fields
+from lightning_otel.core.vllm_endpoint import endpoint_kind, token_request_fields
 from lightning_otel.gateway.config import GatewayConfig
 from lightning_otel.gateway.errors import STREAM_STARTED, error_response, errors_middleware
 from lightning_otel.gateway.idempotency import IdempotentRequests, body_digest
+from lightning_otel.gateway.spans import Call, CallSpans
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's spans
@@ -68,47 +65,6 @@ class _Upstream:
         self.gate.set()
 
 
-@dataclass
-class _Call:
-    """What one proxied call needs to become a span."""
-
-    kind: str | None
-    body: dict | None
-    rollout: dict[str, Any] = field(default_factory=dict)
-    context: context_api.Context | None = None  # from the caller's traceparent, if any
-    upstream: _Upstream | None = None
-    version: str | None = None  # the version that served the call, fixed at dispatch
-    adapter: tuple[str, str] | None = None  # LoRA: (adapter name, version) the logical model maps to
-    started_ns: int = field(default_factory=time.time_ns)
-
-    @property
-    def streaming(self) -> bool:
-        return bool(self.body and self.body.get("stream"))
-
-
-class _SSEParser:
-    """Feeds the `data:` events of a server-sent-event byte stream to a StreamAccumulator (and, with
-    GenAI conventions on, to a StreamedResponse)."""
-
-    def __init__(self, accumulator: StreamAccumulator, streamed: gen_ai.StreamedResponse | None = None) -> None:
-        self.accumulator, self.streamed = accumulator, streamed
-        self._pending = b""
-
-    def feed(self, chunk: bytes) -> None:
-        self._pending += chunk
-        *lines, self._pending = self._pending.split(b"\n")
-        for line in lines:
-            data = line[6:].strip() if line.startswith(b"data: ") else b""
-            if data and data != b"[DONE]":
-                try:
-                    chunk = json.loads(data)
-                    self.accumulator.add(chunk)
-                    if self.streamed is not None:
-                        self.streamed.add(chunk)
-                except ValueError:
-                    continue
-
-
 def _with_fields(raw: bytes, body: dict, fields: dict) -> bytes:
     """The request body with `fields` added, without re-serializing it: appended before the final
     brace, so on a repeated key (a caller's logprobs=false) ours, the last, is the one parsed."""
@@ -126,7 +82,7 @@ class Gateway:
         self.config = config
         self.upstreams = [_Upstream(server_root(u)) for u in config.upstreams]
         self.tracer = tracer or trace.get_tracer("lightning_otel.gateway")
-        self.gen_ai = gen_ai.chosen_shape(config.gen_ai_conventions)  # GenAI-convention shape also written, or None
+        self.spans = CallSpans(self.tracer, config)
         self.session: ClientSession | None = None
         self.idempotent = IdempotentRequests()
         self._tasks: list[asyncio.Task] = []
@@ -244,7 +200,7 @@ class Gateway:
                 raw = json.dumps({**body, "model": adapter[0], **token_request_fields(kind, body)}).encode()
             else:
                 raw = _with_fields(raw, body, token_request_fields(kind, body))
-        call = _Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
+        call = Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
         if kind is not None:
             call.adapter = self.served.get(body.get("model"))
         if key and kind is not None:
@@ -254,7 +210,7 @@ class Gateway:
         return await self._forward(request, path, raw, call)
 
     async def _forward(
-        self, request: web.Request, path: str, raw: bytes, call: _Call, buffer: bool = False
+        self, request: web.Request, path: str, raw: bytes, call: Call, buffer: bool = False
     ) -> web.StreamResponse:
         """Send to a replica, retrying connection errors and 5xx on the next one, then answer."""
         headers = {"Content-Type": request.headers.get("Content-Type", "application/json"), **self._upstream_headers()}
@@ -283,11 +239,11 @@ class Gateway:
             if isinstance(outcome, web.StreamResponse):
                 return outcome
             error = outcome
-        self._record(call, None, error=f"upstream unavailable: {error}")
+        self.spans.record(call, None, error=f"upstream unavailable: {error}")
         return error_response(502, f"upstream unavailable: {error}", "upstream_unavailable")
 
     async def _attempt(
-        self, request: web.Request, path: str, raw: bytes, headers: dict, call: _Call, buffer: bool
+        self, request: web.Request, path: str, raw: bytes, headers: dict, call: Call, buffer: bool
     ) -> web.StreamResponse | str:
         """One try on call.upstream: the response, or the error string of a retryable failure."""
         try:
@@ -295,7 +251,7 @@ class Gateway:
                 request.method, call.upstream.url + path, data=raw, headers=headers, params=request.query
             )
         except TimeoutError:
-            self._record(call, None, error="upstream timed out")
+            self.spans.record(call, None, error="upstream timed out")
             return error_response(504, "upstream timed out", "upstream_timeout")
         except ClientError as exc:
             return f"{type(exc).__name__}: {exc}"
@@ -307,31 +263,31 @@ class Gateway:
                 return await self._stream(request, reply, call)
             payload = await reply.read()
         except (TimeoutError, ClientError) as exc:
-            self._record(call, None, error=f"upstream failed mid-response: {exc}")
+            self.spans.record(call, None, error=f"upstream failed mid-response: {exc}")
             return error_response(502, "upstream failed mid-response", "upstream_error")
         finally:
             reply.release()
         ok = reply.status == 200
         # The span is built after the response is on its way: recording adds no latency.
         asyncio.get_running_loop().call_soon(
-            self._record, call, payload if ok else None, None if ok else f"upstream answered {reply.status}"
+            self.spans.record, call, payload if ok else None, None if ok else f"upstream answered {reply.status}"
         )
         return web.Response(
             status=reply.status, body=payload, content_type=reply.content_type, headers=self._headers(call)
         )
 
     @staticmethod
-    def _headers(call: _Call) -> dict[str, str]:
+    def _headers(call: Call) -> dict[str, str]:
         return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
 
-    async def _stream(self, request: web.Request, reply, call: _Call) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, reply, call: Call) -> web.StreamResponse:
         response = web.StreamResponse(
             status=200,
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call)},
         )
         await response.prepare(request)
         request[STREAM_STARTED] = True
-        events = self._events(call.kind)
+        events = self.spans.events(call.kind)
         error = None
         try:
             async for chunk in reply.content.iter_any():
@@ -342,86 +298,8 @@ class Gateway:
         finally:
             reply.release()
         await response.write_eof()
-        self._record(call, None, error=error, accumulated=events)
+        self.spans.record(call, None, error=error, accumulated=events)
         return response
-
-    def _events(self, kind: str) -> _SSEParser:
-        return _SSEParser(StreamAccumulator(kind), gen_ai.StreamedResponse(kind) if self.gen_ai else None)
-
-    # -- spans -------------------------------------------------------------------------------------
-    def _record(
-        self, call: _Call, payload: bytes | None, error: str | None, accumulated: _SSEParser | None = None
-    ) -> None:
-        if call.kind is None:
-            return
-        attributes: dict[str, Any] = {
-            schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
-            schema.LLM_PROVIDER: "vllm",
-            **call.rollout,
-        }
-        if call.body is not None:
-            attributes[schema.INPUT_VALUE] = schema.REDACTED if self.config.hide_inputs else json.dumps(call.body)
-            attributes[schema.INPUT_MIME_TYPE] = "application/json"
-            parameters = {k: v for k, v in call.body.items() if k not in ("messages", "prompt")}
-            attributes[schema.LLM_INVOCATION_PARAMETERS] = json.dumps(parameters)
-        if call.version is not None:
-            attributes[schema.POLICY_VERSION] = call.version
-        if call.upstream is not None:
-            address = urllib.parse.urlsplit(call.upstream.url)
-            attributes[schema.SERVER_ADDRESS] = address.hostname or ""
-            if address.port:
-                attributes[schema.SERVER_PORT] = address.port
-        if payload is not None and call.streaming:  # a buffered stream (an idempotent replay)
-            accumulated = self._events(call.kind)
-            accumulated.feed(payload + b"\n")
-            payload = None
-        response = None
-        if payload is not None:
-            try:
-                response = json.loads(payload)
-                attributes.update(token_attributes(call.kind, response))
-                usage = response.get("usage") or {}
-                for name, key in (
-                    (schema.LLM_TOKEN_COUNT_PROMPT, "prompt_tokens"),
-                    (schema.LLM_TOKEN_COUNT_COMPLETION, "completion_tokens"),
-                    (schema.LLM_TOKEN_COUNT_TOTAL, "total_tokens"),
-                ):
-                    if isinstance(usage.get(key), int):
-                        attributes[name] = usage[key]
-                if response.get("model"):
-                    attributes[schema.LLM_MODEL_NAME] = response["model"]
-                attributes[schema.OUTPUT_VALUE] = schema.REDACTED if self.config.hide_outputs else payload.decode()
-                attributes[schema.OUTPUT_MIME_TYPE] = "application/json"
-            except (ValueError, AttributeError):
-                pass
-        if accumulated is not None:
-            attributes.update(accumulated.accumulator.attributes())
-        name, kind = "ChatCompletion" if call.kind == "chat" else "Completion", trace.SpanKind.INTERNAL
-        if self.gen_ai is not None:
-            name, kind = self._gen_ai(call, response, accumulated, error, attributes), trace.SpanKind.CLIENT
-        span = self.tracer.start_span(
-            name, context=call.context, kind=kind, attributes=attributes, start_time=call.started_ns
-        )
-        if error:
-            span.set_status(Status(StatusCode.ERROR, error))
-        span.end()
-
-    def _gen_ai(
-        self, call: _Call, response: Any, accumulated: _SSEParser | None, error: str | None, attributes: dict
-    ) -> str:
-        """Add the GenAI-convention attributes of the call to `attributes`; its span name."""
-        body = call.body if isinstance(call.body, dict) else {}
-        hide_inputs, hide_outputs = self.config.hide_inputs, self.config.hide_outputs
-        attributes.update(gen_ai.request_attributes(call.kind, body, self.gen_ai, hide_inputs))
-        counted: dict[str, Any] = {}
-        if accumulated is not None and accumulated.streamed is not None:
-            response, counted = accumulated.streamed.response(), accumulated.accumulator.token_counts()
-        if isinstance(response, dict):
-            attributes.update(gen_ai.response_attributes(call.kind, response, self.gen_ai, hide_outputs))
-            attributes.update(gen_ai.counted_usage({**counted, **attributes}))  # a stream's usage: from its ids
-        if error:
-            attributes.update(gen_ai.error_attributes(_error_type(error)))
-        return gen_ai.span_name(call.kind, body.get("model"))
 
     # -- rewards -----------------------------------------------------------------------------------
     async def reward(self, request: web.Request) -> web.Response:
@@ -444,15 +322,6 @@ class Gateway:
         }
         self.tracer.start_span(schema.SPAN_REWARD, context=extract(dict(request.headers)), attributes=attributes).end()
         return web.json_response({"recorded": True})
-
-
-def _error_type(error: str) -> str:
-    """A low-cardinality `error.type` for a failed call: the upstream's HTTP status, or what failed."""
-    if error.startswith("upstream answered "):
-        return error.rsplit(" ", 1)[-1]
-    if "timed out" in error:
-        return "timeout"
-    return "upstream_unavailable" if error.startswith("upstream unavailable") else "upstream_error"
 
 
 def serve(config: GatewayConfig) -> None:
