@@ -321,7 +321,9 @@ with lightning_otel.rollout(task_id="gen-ai") as rollout:
         get_weather("Paris")
 seen["rollout_id"] = rollout.rollout_id
 inst.flush()
+from lightning_otel.instrumentation import otlp_encoding
 spans = [{"name": s.name, "kind": s.kind.name, "status": s.status.status_code.name,
+          "compiled": otlp_encoding._compiled is not None and otlp_encoding._compiled.span_bytes(s) is not None,
           "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in s.attributes.items()}}
          for s in memory.get_finished_spans()]
 print(json.dumps({"seen": seen, "spans": spans}, default=repr))  # packed token ids: bytes
@@ -435,6 +437,8 @@ def test_latest_shape_via_the_opt_in_variable(vllm_server, session_collector):
     assert json.loads(completion["gen_ai.output.messages"])[0]["parts"] == [
         {"type": "text", "content": seen["completion"]["text"]}
     ]
+    # the lean spans keep the shape the compiled OTLP encoder takes (string[] values included)
+    assert all(calls[k]["compiled"] for k in ("chat", "stream", "completion"))
     # @tool: execute_tool, INTERNAL, its arguments and result as JSON objects
     [tool] = [s for s in spans if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_TOOL]
     check_span(tool, EXECUTE_TOOL)

@@ -115,6 +115,7 @@ PLAIN = st.one_of(
     st.floats(allow_nan=False),
     st.binary(max_size=40),
     st.text(min_size=200, max_size=300),
+    st.lists(st.text(max_size=8), max_size=3).map(tuple),  # string[] (gen_ai.response.finish_reasons)
 )
 HAND_MADE = st.fixed_dictionaries(
     {

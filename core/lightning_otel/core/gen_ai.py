@@ -93,10 +93,11 @@ def request_attributes(kind: str, body: Mapping[str, Any], shape: str, hide_inpu
         attributes[schema.GEN_AI_REQUEST_SEED] = seed
     if isinstance(n, int) and not isinstance(n, bool) and n != 1:
         attributes[schema.GEN_AI_REQUEST_CHOICE_COUNT] = n
+    # string[] values as tuples: what the SDK keeps, and what the lean span's encoder takes as they are
     if isinstance(stop, str):
-        attributes[schema.GEN_AI_REQUEST_STOP_SEQUENCES] = [stop]
+        attributes[schema.GEN_AI_REQUEST_STOP_SEQUENCES] = (stop,)
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        attributes[schema.GEN_AI_REQUEST_STOP_SEQUENCES] = list(stop)
+        attributes[schema.GEN_AI_REQUEST_STOP_SEQUENCES] = tuple(stop)
     if shape == schema.GEN_AI_SHAPE_LATEST:
         if get("stream") is True:
             attributes[schema.GEN_AI_REQUEST_STREAM] = True
@@ -217,7 +218,7 @@ def response_attributes(kind: str, response: Any, shape: str, hide_outputs: bool
                 attributes[name] = value
     choices = read_field(response, "choices")
     choices = choices if isinstance(choices, list) else []
-    reasons = [_finish_reason(read_field(choice, "finish_reason")) for choice in choices]
+    reasons = tuple(_finish_reason(read_field(choice, "finish_reason")) for choice in choices)
     if reasons:
         attributes[schema.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
     if shape == schema.GEN_AI_SHAPE_LATEST and not hide_outputs and choices:

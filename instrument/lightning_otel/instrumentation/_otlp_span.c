@@ -1,6 +1,6 @@
 /* One finished span (an SDK ReadableSpan) -> its OTLP `Span` field bytes, for the span shapes the
- * agent exports on every model call: attributes in a plain dict with str, bool, int, float, bytes or
- * None values, no events, no links, no trace state. Anything else returns None and
+ * agent exports on every model call: attributes in a plain dict with str, bool, int, float, bytes,
+ * None or tuple-of-str values, no events, no links, no trace state. Anything else returns None and
  * instrument/lightning_otel/instrumentation/otlp_encoding.py's Python encoder (the reference, which also matches the OTLP
  * exporter's encode_spans byte for byte) encodes that span. Same field order and presence rules as
  * the Python code; tests/test_otlp_encoding.py runs its byte comparisons through both.
@@ -114,6 +114,37 @@ static int any_value(PyObject *v, AnyValue *out) {
     return 1;
 }
 
+/* A tuple of str (a string[] attribute, e.g. gen_ai.response.finish_reasons): its AnyValue's array_value
+ * body length in `*array_len`; 1 when it is one, 0 when not (another shape: the Python encoder). */
+static int string_array_size(PyObject *v, uint64_t *array_len) {
+    if (!PyTuple_CheckExact(v)) return 0;
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
+        PyObject *item = PyTuple_GET_ITEM(v, i);
+        if (!PyUnicode_CheckExact(item)) return 0;
+        Py_ssize_t n;
+        if (!PyUnicode_AsUTF8AndSize(item, &n)) { PyErr_Clear(); return 0; }
+        uint64_t item_len = 1 + varint_size((uint64_t)n) + (uint64_t)n; /* AnyValue{string_value} */
+        total += 1 + varint_size(item_len) + item_len;                  /* ArrayValue.values */
+    }
+    *array_len = total;
+    return 1;
+}
+
+static void put_string_array(Buffer *b, PyObject *v, uint64_t array_len) { /* room reserved by the caller */
+    b->data[b->len++] = 0x2A;
+    put_varint(b, array_len);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(v); i++) {
+        Py_ssize_t n;
+        const char *utf8 = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(v, i), &n); /* checked by string_array_size */
+        b->data[b->len++] = 0x0A;
+        put_varint(b, 1 + varint_size((uint64_t)n) + (uint64_t)n);
+        b->data[b->len++] = 0x0A;
+        put_varint(b, (uint64_t)n);
+        put_raw(b, utf8, n);
+    }
+}
+
 static int put_attributes(Buffer *b, PyObject *attributes) {
     PyObject *key, *value;
     Py_ssize_t pos = 0;
@@ -122,6 +153,23 @@ static int put_attributes(Buffer *b, PyObject *attributes) {
         Py_ssize_t key_len;
         const char *key_utf8 = PyUnicode_AsUTF8AndSize(key, &key_len);
         if (!key_utf8) { PyErr_Clear(); return 0; }
+        uint64_t array_len;
+        if (string_array_size(value, &array_len)) {
+            uint64_t value_len = 1 + varint_size(array_len) + array_len;
+            uint64_t kv_len = (key_len ? 1 + varint_size(key_len) + key_len : 0) + 1 + varint_size(value_len) + value_len;
+            if (reserve(b, 1 + 10 + (Py_ssize_t)kv_len) < 0) return -1;
+            b->data[b->len++] = 0x4A;
+            put_varint(b, kv_len);
+            if (key_len) {
+                b->data[b->len++] = 0x0A;
+                put_varint(b, (uint64_t)key_len);
+                put_raw(b, key_utf8, key_len);
+            }
+            b->data[b->len++] = 0x12;
+            put_varint(b, value_len);
+            put_string_array(b, value, array_len);
+            continue;
+        }
         AnyValue av;
         if (!any_value(value, &av)) return 0;
         uint64_t value_len = (uint64_t)av.head_len + (uint64_t)av.body_len;

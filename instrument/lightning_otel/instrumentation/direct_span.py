@@ -7,7 +7,7 @@ the tracer's sampler decides, its id generator names it, every span processor's 
 tracer's resource and scope, its span limits applied. What it leaves out: the SDK's internal
 metrics about spans (off unless OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED) and the `_on_ending`
 hook. Attribute values set from outside are checked as the SDK checks them; our own (strings,
-numbers, bytes) skip the check.
+numbers, bytes, tuples of strings) skip the check.
 
 `start_span(tracer, ...)` falls back to `tracer.start_span(...)` for a tracer that is not the
 SDK's (or an SDK laid out differently), so the worst case is the SDK's cost, not a lost span.
@@ -31,6 +31,16 @@ from opentelemetry.trace.status import Status, StatusCode
 
 log = logging.getLogger(__name__)
 _PLAIN = frozenset((str, int, float, bool, bytes))  # values that need no cleaning
+
+
+def _plain(values) -> bool:
+    """Whether every value needs no cleaning: a _PLAIN one, or a tuple of str (a string[] attribute,
+    as the SDK would keep it)."""
+    return _PLAIN.issuperset(map(type, values)) or all(
+        type(v) in _PLAIN or (type(v) is tuple and all(type(item) is str for item in v)) for v in values
+    )
+
+
 _RANDOM_TRACE_ID = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # W3C trace context level 2 (SDK >= 1.4x)
 _UNSET = Status(StatusCode.UNSET)  # immutable: shared by every span until one sets its own
 _NEEDED = ("sampler", "id_generator", "span_processor", "resource", "_span_limits", "_instrumentation_scope")
@@ -152,7 +162,7 @@ class DirectSpan(trace.Span):
     ) -> None:
         self._tracer, self._name, self._kind, self._context, self._parent = tracer, name, kind, context, parent
         self._attributes = attributes
-        self._clean = _PLAIN.issuperset(map(type, attributes.values()))
+        self._clean = _plain(attributes.values())
         self._events: list[Event] = []
         self._links: list[trace.Link] = []
         self._status = _UNSET
@@ -176,7 +186,7 @@ class DirectSpan(trace.Span):
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         if self._end_time is None:
             self._attributes.update(attributes)
-            if self._clean and not _PLAIN.issuperset(map(type, attributes.values())):
+            if self._clean and not _plain(attributes.values()):
                 self._clean = False
 
     def set_attribute(self, key: str, value: Any) -> None:
