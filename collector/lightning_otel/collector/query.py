@@ -90,22 +90,38 @@ def _openinference_messages(messages: str) -> str:
     return f"CASE WHEN {first_role} IS NOT NULL THEN to_json(list_transform(range({count}), lambda i: {message})) END"
 
 
-# What the trainer can do with a call (docs/sql.md, docs/training.md): 'token_ids' (captured ids and
-# logprobs: trained on as served), 'messages' (no ids, but the messages were recorded: rebuilt and
-# marked reconstructed when the selection allows it, else skipped), 'none' (skipped and counted).
-def _training_source() -> str:
-    output = _attribute(schema.message_attribute(schema.LLM_OUTPUT_MESSAGES, 0, schema.MESSAGE_CONTENT))
-    openinference = (
-        f"{_attribute(schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.MESSAGE_ROLE))} IS NOT NULL"
-        f" AND {output} IS NOT NULL AND {output} <> {_literal(schema.REDACTED)}"
+def _rebuildable_parts(column: str, types: tuple[str, ...], first_role: str | None = None) -> str:
+    """GenAI-convention messages JSON in `column`: valid, not empty, every message with parts, every
+    part of one of `types` (what the trainer's reconstruct.gen_ai_messages renders), the first
+    message's role `first_role` if given. CASE, not AND: DuckDB evaluates every operand of an AND,
+    and the JSON functions raise on text that is not JSON."""
+    allowed = ", ".join(_literal(t) for t in types)
+    parts = f"json_extract({column}, '$[*].parts[*]')"
+    kinds = f"json_extract_string({column}, '$[*].parts[*].type')"
+    role = f" AND json_extract_string({column}, '$[0].role') = {_literal(first_role)}" if first_role else ""
+    return (
+        f"CASE WHEN json_valid({column}) THEN json_array_length({column}) > 0"
+        f" AND len(json_extract({column}, '$[*].parts')) = json_array_length({column})"
+        f" AND len(list_filter({kinds}, lambda t: t IN ({allowed}))) = len({parts}){role} ELSE false END"
     )
+
+
+# What the trainer can do with a call (docs/sql.md, docs/training.md): 'token_ids' (captured ids and
+# logprobs: trained on as served), 'messages' (no ids, but messages recorded in a shape the trainer
+# rebuilds: rebuilt and marked reconstructed when the selection allows it, else skipped), 'none'
+# (skipped and counted). Mirrors trainer/reconstruct.py's conditions.
+def _training_source() -> str:
+    first_input = _attribute(schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.MESSAGE_ROLE))
+    output = _attribute(schema.message_attribute(schema.LLM_OUTPUT_MESSAGES, 0, schema.MESSAGE_CONTENT))
+    openinference = f"{first_input} IS NOT NULL AND {output} IS NOT NULL AND {output} <> {_literal(schema.REDACTED)}"
+    gen_in, gen_out = _attribute(schema.GEN_AI_INPUT_MESSAGES), _attribute(schema.GEN_AI_OUTPUT_MESSAGES)
     gen_ai = (
-        f"coalesce(json_valid({_attribute(schema.GEN_AI_INPUT_MESSAGES)})"
-        f" AND json_valid({_attribute(schema.GEN_AI_OUTPUT_MESSAGES)}), false)"
+        f"{first_input} IS NULL AND coalesce(({_rebuildable_parts(gen_in, ('text', 'tool_call', 'tool_call_response'))})"
+        f" AND ({_rebuildable_parts(gen_out, ('text', 'tool_call'), 'assistant')}), false)"
     )
     return f"""CASE WHEN prompt_token_ids IS NOT NULL AND completion_token_ids IS NOT NULL
                          AND completion_logprobs IS NOT NULL THEN 'token_ids'
-                    WHEN ({openinference}) OR {gen_ai} THEN 'messages'
+                    WHEN ({openinference}) OR ({gen_ai}) THEN 'messages'
                     ELSE 'none' END"""
 
 
