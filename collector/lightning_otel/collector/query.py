@@ -77,17 +77,40 @@ def _attribute(name: str) -> str:
 
 
 def _openinference_messages(messages: str) -> str:
-    """OpenInference's flattened messages (llm.input_messages.{i}.message.role / .content) as JSON in
-    the GenAI conventions' shape: [{"role", "parts": [{"type": "text", "content"}]}]; NULL if none."""
+    """OpenInference's flattened messages (llm.input_messages.{i}.message.role / .content /
+    .tool_calls.{j}.tool_call.* / .tool_call_id) as JSON in the GenAI conventions' shape:
+    [{"role", "parts": [text | tool_call | tool_call_response]}]; NULL if none were recorded."""
 
     def field(name: str) -> str:
         return f"attributes[{_literal(messages + '.')} || i || {_literal('.' + name)}]"
 
+    def call(name: str) -> str:
+        key = f"{_literal(messages + '.')} || i || {_literal('.' + schema.MESSAGE_TOOL_CALLS + '.')} || j"
+        return f"attributes[{key} || {_literal('.' + name)}]"
+
+    def count(pattern: str) -> str:
+        return f"len(list_filter(map_keys(attributes), lambda k: k LIKE {pattern}))"
+
+    role, content = field(schema.MESSAGE_ROLE), field(schema.MESSAGE_CONTENT)
+    messages_count = count(_literal(f"{messages}.%.{schema.MESSAGE_ROLE}"))
+    calls_count = count(
+        f"{_literal(messages + '.')} || i || {_literal(f'.{schema.MESSAGE_TOOL_CALLS}.%.{schema.TOOL_CALL_FUNCTION_NAME}')}"
+    )
+    response = f"{{'type': 'tool_call_response', 'id': {field(schema.MESSAGE_TOOL_CALL_ID)}, 'response': {content}}}"
+    text = (
+        f"CASE WHEN {content} IS NULL THEN [] WHEN {role} = 'tool' THEN [to_json({response})]"
+        f" ELSE [to_json({{'type': 'text', 'content': {content}}})] END"
+    )
+    tool_call = (
+        f"{{'type': 'tool_call', 'id': {call(schema.TOOL_CALL_ID)}, 'name': {call(schema.TOOL_CALL_FUNCTION_NAME)},"
+        f" 'arguments': {call(schema.TOOL_CALL_FUNCTION_ARGUMENTS)}}}"
+    )
+    parts = f"list_concat({text}, list_transform(range({calls_count}), lambda j: to_json({tool_call})))"
     first_role = _attribute(schema.message_attribute(messages, 0, schema.MESSAGE_ROLE))
-    pattern = _literal(f"{messages}.%.{schema.MESSAGE_ROLE}")
-    count = f"len(list_filter(map_keys(attributes), lambda k: k LIKE {pattern}))"
-    message = f"{{'role': {field(schema.MESSAGE_ROLE)}, 'parts': [{{'type': 'text', 'content': {field(schema.MESSAGE_CONTENT)}}}]}}"
-    return f"CASE WHEN {first_role} IS NOT NULL THEN to_json(list_transform(range({count}), lambda i: {message})) END"
+    return (
+        f"CASE WHEN {first_role} IS NOT NULL THEN"
+        f" to_json(list_transform(range({messages_count}), lambda i: {{'role': {role}, 'parts': {parts}}})) END"
+    )
 
 
 def _rebuildable_parts(column: str, types: tuple[str, ...], first_role: str | None = None) -> str:
