@@ -27,8 +27,11 @@
 static PyObject *Fallback;
 
 /* slot codes from Python: index * 8 + kind; or a fallback (GenAI-convention attribute that fills an
-   empty column and stays in the map): FALLBACK_FLAG | rank << 8 | column index */
+   empty column and stays in the map): FALLBACK_FLAG | rank << 8 | how << 5 | column index */
 #define FALLBACK_FLAG (1L << 20)
+/* how a fallback's value becomes the column's: a string, an integer, a string mapped through
+   operation_kinds, or anything else through the Python callback (span_rows.fallback_value) */
+enum { FB_STR = 0, FB_INT = 1, FB_KIND = 2, FB_CALLBACK = 3 };
 enum { K_STR = 0, K_INT = 1, K_FLOAT = 2, K_BOOL = 3, K_LIST_PLAIN = 4, K_LIST_PACKED = 5 };
 /* AnyValue oneof field numbers */
 enum { V_NONE = 0, V_STRING = 1, V_BOOL = 2, V_INT = 3, V_DOUBLE = 4, V_ARRAY = 5, V_KVLIST = 6, V_BYTES = 7 };
@@ -46,6 +49,7 @@ typedef struct {
 typedef struct {
     /* config */
     PyObject *slots, *kinds, *statuses, *text_of, *list_value, *events_json, *service_key, *fallback_of;
+    PyObject *operation_kinds;
     int n_scalars;
     /* outputs */
     PyObject *fixed[13];
@@ -175,14 +179,32 @@ static int promote(State *st, Row *row, long code, Value *v) {
 
 /* Keep a fallback attribute's column value (span_rows.fallback_value) unless one of a lower rank is held. */
 static int fallback(State *st, Row *row, long code, Value *v) {
-    int index = (int)(code & 0xff), rank = (int)((code >> 8) & 0xfff);
+    int index = (int)(code & 31), how = (int)((code >> 5) & 7), rank = (int)((code >> 8) & 0xfff);
+    PyObject *value = NULL;
     if (v->which == V_NONE) return 0;
     if (index >= st->n_scalars) return -1;
+    if (row->scalars[index]) return 0; /* the span's own value came first: it wins anyway */
     if (row->fallback[index] && row->fallback_rank[index] <= rank) return 0;
-    PyObject *args = Py_BuildValue("(Ni)", raw_bytes(v->raw), rank);
-    if (!args) return -1;
-    PyObject *value = PyObject_CallObject(st->fallback_of, args);
-    Py_DECREF(args);
+    if (how == FB_STR) {
+        if (v->which != V_STRING) return 0;
+        value = text(v->data);
+    } else if (how == FB_INT) {
+        if (v->which != V_INT) return 0;
+        value = PyLong_FromLongLong((int64_t)v->number);
+    } else if (how == FB_KIND) {
+        if (v->which != V_STRING) return 0;
+        PyObject *key = text(v->data);
+        if (!key) return -1;
+        value = PyDict_GetItemWithError(st->operation_kinds, key);
+        Py_DECREF(key);
+        if (!value) return PyErr_Occurred() ? -1 : 0;
+        Py_INCREF(value);
+    } else {
+        PyObject *args = Py_BuildValue("(Ni)", raw_bytes(v->raw), rank);
+        if (!args) return -1;
+        value = PyObject_CallObject(st->fallback_of, args);
+        Py_DECREF(args);
+    }
     if (!value) return -1;
     if (value == Py_None) { Py_DECREF(value); return 0; }
     Py_XSETREF(row->fallback[index], value);
@@ -428,7 +450,7 @@ static PyObject *list_result(ListOut *out, Py_ssize_t rows) {
 
 PyDoc_STRVAR(decode_doc,
 "decode(body, slots, n_scalars, widths, kinds, statuses, service_key, text_of, list_value, events_json,\n"
-"       fallback_of)\n"
+"       fallback_of, operation_kinds)\n"
 "-> (rows, fixed, scalars, lists, attributes, resource_attributes); raises Fallback when the\n"
 "request needs the reference (pure-Python) decoder.");
 
@@ -437,9 +459,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     State st;
     PyObject *widths, *result = NULL;
     memset(&st, 0, sizeof st);
-    if (!PyArg_ParseTuple(args, "y*O!iO!O!O!UOOOO", &body, &PyDict_Type, &st.slots, &st.n_scalars, &PyTuple_Type, &widths,
+    if (!PyArg_ParseTuple(args, "y*O!iO!O!O!UOOOOO!", &body, &PyDict_Type, &st.slots, &st.n_scalars, &PyTuple_Type, &widths,
                           &PyTuple_Type, &st.kinds, &PyTuple_Type, &st.statuses, &st.service_key, &st.text_of,
-                          &st.list_value, &st.events_json, &st.fallback_of))
+                          &st.list_value, &st.events_json, &st.fallback_of, &PyDict_Type, &st.operation_kinds))
         return NULL;
     if (st.n_scalars > MAX_SCALARS || PyTuple_GET_SIZE(widths) != N_LISTS) {
         PyBuffer_Release(&body);

@@ -27,12 +27,23 @@ try:
 except ImportError:  # built without a compiler, or a platform without the extension
     _spans_codec = None
 
-# slot codes the C decoder understands: index * 8 + kind; a fallback: flag | rank << 8 | column index
+# slot codes the C decoder understands: index * 8 + kind; a fallback: flag | rank << 8 | how << 5 |
+# column index, `how` as the C file's FB_* (a string, an integer, an operation's kind, else Python)
 _KIND_CODES = {str: 0, int: 1, float: 2, bool: 3}
 _FALLBACK_FLAG = 1 << 20
+
+
+def _fallback_how(rank: int) -> int:
+    column, _, how = span_rows.FALLBACKS[rank]
+    kind = next(k for name, _, _, k in SCALARS if name == column)
+    if how == "kind":
+        return 2
+    return {str: 0, int: 1}.get(kind, 3) if how == "same" else 3
+
+
 _SLOT_CODES = {
     key: (
-        _FALLBACK_FLAG | index << 8 | kind
+        _FALLBACK_FLAG | index << 8 | _fallback_how(index) << 5 | kind
         if is_list is None
         else index * 8 + ((5 if kind else 4) if is_list else _KIND_CODES[kind])
     )
@@ -82,6 +93,7 @@ def _fast_batch(body: bytes | memoryview) -> pa.RecordBatch:
         _list_value,
         _events_json,
         _fallback_of,
+        span_rows.OPERATION_KINDS,
     )
     arrays = []
     for (_, dtype, _, _, _), width, (data, offsets, validity, nulls) in zip(LISTS, _WIDTHS, lists):
