@@ -270,3 +270,48 @@ def test_reconstructs_gen_ai_messages_as_the_template_renders_the_sent_ones(toke
 
     attributes[schema.GEN_AI_INPUT_MESSAGES] = json.dumps([{"role": "user", "parts": [{"type": "blob"}]}])
     assert reconstruct_call("s1", attributes, tokenizer) is None  # a part no template renders: not rebuilt
+
+
+def test_openinference_messages_read_in_the_gen_ai_shape(collector):
+    def m(index: int, field: str, messages: str = schema.LLM_INPUT_MESSAGES) -> str:
+        return schema.message_attribute(messages, index, field)
+
+    call = f"{schema.MESSAGE_TOOL_CALLS}.0."
+    attributes = {
+        schema.OPENINFERENCE_SPAN_KIND: schema.KIND_LLM,
+        m(0, schema.MESSAGE_ROLE): "user",
+        m(0, schema.MESSAGE_CONTENT): "What is 2 + 3?",
+        m(1, schema.MESSAGE_ROLE): "assistant",
+        m(1, call + schema.TOOL_CALL_ID): "c1",
+        m(1, call + schema.TOOL_CALL_FUNCTION_NAME): "add",
+        m(1, call + schema.TOOL_CALL_FUNCTION_ARGUMENTS): '{"a": 2, "b": 3}',
+        m(2, schema.MESSAGE_ROLE): "tool",
+        m(2, schema.MESSAGE_CONTENT): "5",
+        m(2, schema.MESSAGE_TOOL_CALL_ID): "c1",
+        m(0, schema.MESSAGE_ROLE, schema.LLM_OUTPUT_MESSAGES): "assistant",
+        m(0, schema.MESSAGE_CONTENT, schema.LLM_OUTPUT_MESSAGES): "five",
+    }
+    assert (
+        post(
+            collector.http_endpoint + "/v1/traces",
+            request_bytes(make_spans(lambda tracer: tracer.start_span("ChatCompletion", attributes=attributes).end())),
+        )[0]
+        == 200
+    )
+    collector.flush()
+    row = (
+        connect(collector.data_dir)
+        .execute("SELECT input_messages, output_messages, training_source FROM llm_calls")
+        .fetchall()
+    )
+    ((messages_in, messages_out, source),) = row
+    assert json.loads(messages_in) == [
+        {"role": "user", "parts": [{"type": "text", "content": "What is 2 + 3?"}]},
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": "c1", "name": "add", "arguments": '{"a": 2, "b": 3}'}],
+        },
+        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "c1", "response": "5"}]},
+    ]
+    assert json.loads(messages_out) == [{"role": "assistant", "parts": [{"type": "text", "content": "five"}]}]
+    assert source == "messages"
