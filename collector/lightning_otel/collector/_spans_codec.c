@@ -26,7 +26,12 @@
 
 static PyObject *Fallback;
 
-/* slot codes from Python: index * 8 + kind */
+/* slot codes from Python: index * 8 + kind; or a fallback (GenAI-convention attribute that fills an
+   empty column and stays in the map): FALLBACK_FLAG | rank << 8 | how << 5 | column index */
+#define FALLBACK_FLAG (1L << 20)
+/* how a fallback's value becomes the column's: a string, an integer, a string mapped through
+   operation_kinds, or anything else through the Python callback (span_rows.fallback_value) */
+enum { FB_STR = 0, FB_INT = 1, FB_KIND = 2, FB_CALLBACK = 3 };
 enum { K_STR = 0, K_INT = 1, K_FLOAT = 2, K_BOOL = 3, K_LIST_PLAIN = 4, K_LIST_PACKED = 5 };
 /* AnyValue oneof field numbers */
 enum { V_NONE = 0, V_STRING = 1, V_BOOL = 2, V_INT = 3, V_DOUBLE = 4, V_ARRAY = 5, V_KVLIST = 6, V_BYTES = 7 };
@@ -43,7 +48,8 @@ typedef struct {
 
 typedef struct {
     /* config */
-    PyObject *slots, *kinds, *statuses, *text_of, *list_value, *events_json, *service_key;
+    PyObject *slots, *kinds, *statuses, *text_of, *list_value, *events_json, *service_key, *fallback_of;
+    PyObject *operation_kinds;
     int n_scalars;
     /* outputs */
     PyObject *fixed[13];
@@ -119,13 +125,15 @@ static PyObject *value_text(State *st, Value *v) {
 /* ---- one span ------------------------------------------------------------------------------- */
 typedef struct {
     PyObject *scalars[MAX_SCALARS];
+    PyObject *fallback[MAX_SCALARS]; /* a fallback's value, used when scalars[i] stays empty */
+    int fallback_rank[MAX_SCALARS];
     Reader packed[N_LISTS];   /* a packed value straight from the input */
     PyObject *other[N_LISTS]; /* bytes from the Python callback (plain arrays, base64) */
     int has[N_LISTS];
 } Row;
 
 static void row_clear(Row *row, int n_scalars) {
-    for (int i = 0; i < n_scalars; i++) Py_CLEAR(row->scalars[i]);
+    for (int i = 0; i < n_scalars; i++) { Py_CLEAR(row->scalars[i]); Py_CLEAR(row->fallback[i]); }
     for (int i = 0; i < N_LISTS; i++) { Py_CLEAR(row->other[i]); row->has[i] = 0; }
 }
 
@@ -169,6 +177,41 @@ static int promote(State *st, Row *row, long code, Value *v) {
     return 1;
 }
 
+/* Keep a fallback attribute's column value (span_rows.fallback_value) unless one of a lower rank is held. */
+static int fallback(State *st, Row *row, long code, Value *v) {
+    int index = (int)(code & 31), how = (int)((code >> 5) & 7), rank = (int)((code >> 8) & 0xfff);
+    PyObject *value = NULL;
+    if (v->which == V_NONE) return 0;
+    if (index >= st->n_scalars) return -1;
+    if (row->scalars[index]) return 0; /* the span's own value came first: it wins anyway */
+    if (row->fallback[index] && row->fallback_rank[index] <= rank) return 0;
+    if (how == FB_STR) {
+        if (v->which != V_STRING) return 0;
+        value = text(v->data);
+    } else if (how == FB_INT) {
+        if (v->which != V_INT) return 0;
+        value = PyLong_FromLongLong((int64_t)v->number);
+    } else if (how == FB_KIND) {
+        if (v->which != V_STRING) return 0;
+        PyObject *key = text(v->data);
+        if (!key) return -1;
+        value = PyDict_GetItemWithError(st->operation_kinds, key);
+        Py_DECREF(key);
+        if (!value) return PyErr_Occurred() ? -1 : 0;
+        Py_INCREF(value);
+    } else {
+        PyObject *args = Py_BuildValue("(Ni)", raw_bytes(v->raw), rank);
+        if (!args) return -1;
+        value = PyObject_CallObject(st->fallback_of, args);
+        Py_DECREF(args);
+    }
+    if (!value) return -1;
+    if (value == Py_None) { Py_DECREF(value); return 0; }
+    Py_XSETREF(row->fallback[index], value);
+    row->fallback_rank[index] = rank;
+    return 0;
+}
+
 /* A KeyValue: its key as a str (new reference) and its value; -1 on malformed input. */
 static int key_value(Reader kv, PyObject **name, Value *v) {
     Reader key = {kv.p, kv.p}, raw = {NULL, NULL};
@@ -192,8 +235,13 @@ static int attribute(State *st, Row *row, Reader kv) {
     if (key_value(kv, &name, &v) < 0) return -1;
     PyObject *slot = PyDict_GetItemWithError(st->slots, name);
     if (slot) {
-        int fits = promote(st, row, PyLong_AsLong(slot), &v);
-        if (fits != 0) { Py_DECREF(name); return fits; }
+        long code = PyLong_AsLong(slot);
+        if (code & FALLBACK_FLAG) {
+            if (fallback(st, row, code, &v) < 0) { Py_DECREF(name); return -1; }
+        } else {
+            int fits = promote(st, row, code, &v);
+            if (fits != 0) { Py_DECREF(name); return fits; }
+        }
     } else if (PyErr_Occurred()) { Py_DECREF(name); return -1; }
     if (v.which == V_NONE) { Py_DECREF(name); return 0; }
     if (append(st->keys, name) < 0) return -1;
@@ -268,7 +316,8 @@ static int span(State *st, Reader r, PyObject *service, PyObject *scope, PyObjec
     }
     if (append(st->offsets, PyLong_FromSsize_t(PyList_GET_SIZE(st->keys))) < 0) goto fail;
     for (int i = 0; i < st->n_scalars; i++)
-        if (PyList_Append(st->scalars[i], row.scalars[i] ? row.scalars[i] : Py_None) < 0) goto fail;
+        if (PyList_Append(st->scalars[i], row.scalars[i] ? row.scalars[i] : row.fallback[i] ? row.fallback[i] : Py_None) < 0)
+            goto fail;
     for (int i = 0; i < N_LISTS; i++) {
         ListOut *out = &st->lists[i];
         int rc;
@@ -400,7 +449,8 @@ static PyObject *list_result(ListOut *out, Py_ssize_t rows) {
 }
 
 PyDoc_STRVAR(decode_doc,
-"decode(body, slots, n_scalars, widths, kinds, statuses, service_key, text_of, list_value, events_json)\n"
+"decode(body, slots, n_scalars, widths, kinds, statuses, service_key, text_of, list_value, events_json,\n"
+"       fallback_of, operation_kinds)\n"
 "-> (rows, fixed, scalars, lists, attributes, resource_attributes); raises Fallback when the\n"
 "request needs the reference (pure-Python) decoder.");
 
@@ -409,9 +459,9 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     State st;
     PyObject *widths, *result = NULL;
     memset(&st, 0, sizeof st);
-    if (!PyArg_ParseTuple(args, "y*O!iO!O!O!UOOO", &body, &PyDict_Type, &st.slots, &st.n_scalars, &PyTuple_Type, &widths,
+    if (!PyArg_ParseTuple(args, "y*O!iO!O!O!UOOOOO!", &body, &PyDict_Type, &st.slots, &st.n_scalars, &PyTuple_Type, &widths,
                           &PyTuple_Type, &st.kinds, &PyTuple_Type, &st.statuses, &st.service_key, &st.text_of,
-                          &st.list_value, &st.events_json))
+                          &st.list_value, &st.events_json, &st.fallback_of, &PyDict_Type, &st.operation_kinds))
         return NULL;
     if (st.n_scalars > MAX_SCALARS || PyTuple_GET_SIZE(widths) != N_LISTS) {
         PyBuffer_Release(&body);

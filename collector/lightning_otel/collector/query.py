@@ -8,9 +8,11 @@ each query, so new data shows up without reconnecting.
 Views (docs/sql.md has columns and examples):
   spans_raw  every stored row: a retried export or a compaction overlap shows twice (cheapest to read)
   spans      one row per (trace_id, span_id): retried exports and compaction overlap never show twice
-  llm_spans  every LLM span, with `is_wrapper` (a framework's span around the SDK call)
-  llm_calls  one row per model call: LLM spans that are not wrappers, with token ids and logprobs
-  tool_calls TOOL spans
+  llm_spans  every LLM span (OpenInference's, or a GenAI-convention model call), with `is_wrapper`
+             (a framework's span around the SDK call, or a second span of one call)
+  llm_calls  one row per model call: LLM spans that are not wrappers, with token ids and logprobs,
+             messages (GenAI-convention JSON parts) and `training_source`
+  tool_calls TOOL spans (OpenInference's, or GenAI-convention execute_tool)
   rewards    one row per reward report
   rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
   train_steps  one row per optimizer step of the training job: reward, loss, clip fraction, swap time
@@ -70,16 +72,100 @@ _TRAIN_COLUMNS = (
 )
 
 
+def _attribute(name: str) -> str:
+    return f"attributes[{_literal(name)}]"
+
+
+def _openinference_messages(messages: str) -> str:
+    """OpenInference's flattened messages (llm.input_messages.{i}.message.role / .content /
+    .tool_calls.{j}.tool_call.* / .tool_call_id) as JSON in the GenAI conventions' shape:
+    [{"role", "parts": [text | tool_call | tool_call_response]}]; NULL if none were recorded."""
+
+    def field(name: str) -> str:
+        return f"attributes[{_literal(messages + '.')} || i || {_literal('.' + name)}]"
+
+    def call(name: str) -> str:
+        key = f"{_literal(messages + '.')} || i || {_literal('.' + schema.MESSAGE_TOOL_CALLS + '.')} || j"
+        return f"attributes[{key} || {_literal('.' + name)}]"
+
+    def count(pattern: str) -> str:
+        return f"len(list_filter(map_keys(attributes), lambda k: k LIKE {pattern}))"
+
+    role, content = field(schema.MESSAGE_ROLE), field(schema.MESSAGE_CONTENT)
+    messages_count = count(_literal(f"{messages}.%.{schema.MESSAGE_ROLE}"))
+    calls_count = count(
+        f"{_literal(messages + '.')} || i || {_literal(f'.{schema.MESSAGE_TOOL_CALLS}.%.{schema.TOOL_CALL_FUNCTION_NAME}')}"
+    )
+    response = f"{{'type': 'tool_call_response', 'id': {field(schema.MESSAGE_TOOL_CALL_ID)}, 'response': {content}}}"
+    text = (
+        f"CASE WHEN {content} IS NULL THEN [] WHEN {role} = 'tool' THEN [to_json({response})]"
+        f" ELSE [to_json({{'type': 'text', 'content': {content}}})] END"
+    )
+    tool_call = (
+        f"{{'type': 'tool_call', 'id': {call(schema.TOOL_CALL_ID)}, 'name': {call(schema.TOOL_CALL_FUNCTION_NAME)},"
+        f" 'arguments': {call(schema.TOOL_CALL_FUNCTION_ARGUMENTS)}}}"
+    )
+    parts = f"list_concat({text}, list_transform(range({calls_count}), lambda j: to_json({tool_call})))"
+    first_role = _attribute(schema.message_attribute(messages, 0, schema.MESSAGE_ROLE))
+    return (
+        f"CASE WHEN {first_role} IS NOT NULL THEN"
+        f" to_json(list_transform(range({messages_count}), lambda i: {{'role': {role}, 'parts': {parts}}})) END"
+    )
+
+
+def _rebuildable_parts(column: str, types: tuple[str, ...], first_role: str | None = None) -> str:
+    """GenAI-convention messages JSON in `column`: valid, not empty, every message with parts, every
+    part of one of `types` (what the trainer's reconstruct.gen_ai_messages renders), the first
+    message's role `first_role` if given. CASE, not AND: DuckDB evaluates every operand of an AND,
+    and the JSON functions raise on text that is not JSON."""
+    allowed = ", ".join(_literal(t) for t in types)
+    parts = f"json_extract({column}, '$[*].parts[*]')"
+    kinds = f"json_extract_string({column}, '$[*].parts[*].type')"
+    role = f" AND json_extract_string({column}, '$[0].role') = {_literal(first_role)}" if first_role else ""
+    return (
+        f"CASE WHEN json_valid({column}) THEN json_array_length({column}) > 0"
+        f" AND len(json_extract({column}, '$[*].parts')) = json_array_length({column})"
+        f" AND len(list_filter({kinds}, lambda t: t IN ({allowed}))) = len({parts}){role} ELSE false END"
+    )
+
+
+# What the trainer can do with a call (docs/sql.md, docs/training.md): 'token_ids' (captured ids and
+# logprobs: trained on as served), 'messages' (no ids, but messages recorded in a shape the trainer
+# rebuilds: rebuilt and marked reconstructed when the selection allows it, else skipped), 'none'
+# (skipped and counted). Mirrors trainer/reconstruct.py's conditions.
+def _training_source() -> str:
+    first_input = _attribute(schema.message_attribute(schema.LLM_INPUT_MESSAGES, 0, schema.MESSAGE_ROLE))
+    output = _attribute(schema.message_attribute(schema.LLM_OUTPUT_MESSAGES, 0, schema.MESSAGE_CONTENT))
+    openinference = f"{first_input} IS NOT NULL AND {output} IS NOT NULL AND {output} <> {_literal(schema.REDACTED)}"
+    gen_in, gen_out = _attribute(schema.GEN_AI_INPUT_MESSAGES), _attribute(schema.GEN_AI_OUTPUT_MESSAGES)
+    gen_ai = (
+        f"{first_input} IS NULL AND coalesce(({_rebuildable_parts(gen_in, ('text', 'tool_call', 'tool_call_response'))})"
+        f" AND ({_rebuildable_parts(gen_out, ('text', 'tool_call'), 'assistant')}), false)"
+    )
+    return f"""CASE WHEN prompt_token_ids IS NOT NULL AND completion_token_ids IS NOT NULL
+                         AND completion_logprobs IS NOT NULL THEN 'token_ids'
+                    WHEN ({openinference}) OR ({gen_ai}) THEN 'messages'
+                    ELSE 'none' END"""
+
+
 def view_statements(source: str) -> list[str]:
     llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
     primary = _literal(schema.DEFAULT_REWARD_NAME)
     return [
         f"""CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM {source}""",
         f"""CREATE OR REPLACE VIEW spans AS SELECT DISTINCT ON ({_DEDUP_KEY}) * FROM spans_raw""",
-        # A framework's LLM span (LangChain's ChatOpenAI, LiteLLM's completion) around the SDK call
-        # that carries the token ids is a wrapper: same trace, its time window contains a
-        # token-bearing LLM span, and it has no ids itself. Frameworks do not always nest the SDK
-        # span under theirs (LangChain does not), so time containment decides, not parentage.
+        # One model call, one row. An LLM span without token ids is a wrapper (not a call of its own)
+        # when, in the same trace,
+        # - its time window contains a token-bearing LLM span, or lies inside one: a framework's
+        #   span around the SDK call (LangChain's ChatOpenAI, LiteLLM's completion), or a GenAI-
+        #   convention client span (opentelemetry-instrumentation-openai-v2, Pydantic AI) around or
+        #   inside the call instrument() or the gateway captured with ids; or
+        # - its window contains another LLM span without ids (a framework's span around an
+        #   instrumented SDK call, neither with ids): the innermost is the call. Of two with the
+        #   same window, the one with the larger span id is the call.
+        # Frameworks do not always nest the SDK span under theirs (LangChain does not), so time
+        # containment decides, not parentage. GenAI-convention spans are LLM spans here: ingest gives
+        # span_kind from gen_ai.operation.name (span_rows.FALLBACKS).
         # Only LLM spans without ids are candidates, and the search reads spans_raw (duplicates are
         # identical copies, so they change no answer here): a correlated EXISTS over the
         # deduplicated view cost 2+ s over 1M spans (bench/query_join.py), this ~0.3 s.
@@ -89,23 +175,33 @@ def view_statements(source: str) -> list[str]:
                 FROM (SELECT trace_id, span_id, start_time, end_time FROM spans_raw
                       WHERE span_kind = {llm} AND completion_token_ids IS NULL) candidate
                 JOIN spans_raw inner_call ON inner_call.trace_id = candidate.trace_id
-                WHERE inner_call.span_kind = {llm} AND inner_call.completion_token_ids IS NOT NULL
-                  AND inner_call.span_id <> candidate.span_id
-                  AND inner_call.start_time >= candidate.start_time AND inner_call.end_time <= candidate.end_time)
+                WHERE inner_call.span_kind = {llm} AND inner_call.span_id <> candidate.span_id
+                  AND (inner_call.start_time >= candidate.start_time AND inner_call.end_time <= candidate.end_time
+                       AND (inner_call.completion_token_ids IS NOT NULL
+                            OR inner_call.start_time > candidate.start_time OR inner_call.end_time < candidate.end_time
+                            OR inner_call.span_id > candidate.span_id)
+                       OR inner_call.completion_token_ids IS NOT NULL
+                          AND candidate.start_time >= inner_call.start_time AND candidate.end_time <= inner_call.end_time))
             SELECT s.*, wrappers.span_id IS NOT NULL AS is_wrapper
             FROM spans s LEFT JOIN wrappers ON wrappers.trace_id = s.trace_id AND wrappers.span_id = s.span_id
             WHERE s.span_kind = {llm}""",
-        """CREATE OR REPLACE VIEW llm_calls AS
+        f"""CREATE OR REPLACE VIEW llm_calls AS
             SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, attempt, service_name, name,
                    start_time, end_time, duration_ms, status_code, status_message, model_name,
                    policy_version, finish_reason, token_count_prompt, token_count_completion,
-                   prompt_token_ids, completion_token_ids, completion_logprobs
+                   prompt_token_ids, completion_token_ids, completion_logprobs,
+                   coalesce({_attribute(schema.GEN_AI_INPUT_MESSAGES)},
+                            {_openinference_messages(schema.LLM_INPUT_MESSAGES)}) AS input_messages,
+                   coalesce({_attribute(schema.GEN_AI_OUTPUT_MESSAGES)},
+                            {_openinference_messages(schema.LLM_OUTPUT_MESSAGES)}) AS output_messages,
+                   {_training_source()} AS training_source
             FROM llm_spans WHERE NOT is_wrapper""",
         f"""CREATE OR REPLACE VIEW tool_calls AS
             SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, tool_name, name,
                    start_time, end_time, duration_ms, status_code, status_message,
-                   attributes[{_literal(schema.INPUT_VALUE)}] AS input,
-                   attributes[{_literal(schema.OUTPUT_VALUE)}] AS output
+                   coalesce({_attribute(schema.INPUT_VALUE)}, {_attribute(schema.GEN_AI_TOOL_CALL_ARGUMENTS)}) AS input,
+                   coalesce({_attribute(schema.OUTPUT_VALUE)}, {_attribute(schema.GEN_AI_TOOL_CALL_RESULT)}) AS output,
+                   {_attribute(schema.GEN_AI_TOOL_CALL_ID)} AS tool_call_id
             FROM spans WHERE span_kind = {tool}""",
         """CREATE OR REPLACE VIEW rewards AS
             SELECT rollout_id, task_id, reward_name AS name, reward_value AS value, start_time AS time,

@@ -27,10 +27,26 @@ try:
 except ImportError:  # built without a compiler, or a platform without the extension
     _spans_codec = None
 
-# slot codes the C decoder understands: index * 8 + kind
+# slot codes the C decoder understands: index * 8 + kind; a fallback: flag | rank << 8 | how << 5 |
+# column index, `how` as the C file's FB_* (a string, an integer, an operation's kind, else Python)
 _KIND_CODES = {str: 0, int: 1, float: 2, bool: 3}
+_FALLBACK_FLAG = 1 << 20
+
+
+def _fallback_how(rank: int) -> int:
+    column, _, how = span_rows.FALLBACKS[rank]
+    kind = next(k for name, _, _, k in SCALARS if name == column)
+    if how == "kind":
+        return 2
+    return {str: 0, int: 1}.get(kind, 3) if how == "same" else 3
+
+
 _SLOT_CODES = {
-    key: index * 8 + ((5 if kind else 4) if is_list else _KIND_CODES[kind])
+    key: (
+        _FALLBACK_FLAG | index << 8 | _fallback_how(index) << 5 | kind
+        if is_list is None
+        else index * 8 + ((5 if kind else 4) if is_list else _KIND_CODES[kind])
+    )
     for key, (is_list, index, kind) in SLOTS.items()
 }
 _WIDTHS = tuple(dtype.bit_width // 8 for _, dtype, _, _, _ in LISTS)
@@ -55,6 +71,11 @@ def _list_value(raw: bytes, index: int, packed: int) -> bytes | None:
     return span_rows.array_bytes(plain, LISTS[index][2], bool(packed))
 
 
+def _fallback_of(raw: bytes, rank: int):
+    value = AnyValue.FromString(raw)
+    return span_rows.fallback_value(span_rows.plain_value(value, value.WhichOneof("value")), rank)
+
+
 def _events_json(raws: list[bytes]) -> str:
     return span_rows.events_json([Span.Event.FromString(raw) for raw in raws])
 
@@ -71,6 +92,8 @@ def _fast_batch(body: bytes | memoryview) -> pa.RecordBatch:
         _text_of,
         _list_value,
         _events_json,
+        _fallback_of,
+        span_rows.OPERATION_KINDS,
     )
     arrays = []
     for (_, dtype, _, _, _), width, (data, offsets, validity, nulls) in zip(LISTS, _WIDTHS, lists):

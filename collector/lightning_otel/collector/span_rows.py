@@ -46,6 +46,26 @@ SCALARS: tuple[tuple[str, pa.DataType, str, type], ...] = (
     ("policy_version", pa.string(), schema.POLICY_VERSION, str),
     ("finish_reason", pa.string(), schema.FINISH_REASON, str),
 )
+# OpenTelemetry GenAI-convention attributes that fill a promoted column when the span has no value of
+# its own for it (OpenInference's or lightning's attribute wins): (column, attribute, how the value
+# becomes the column's: "same" as is, "kind" the OpenInference kind of a gen_ai.operation.name, "first"
+# the first string of an array). Of two for one column the earlier wins. Unlike promoted attributes they
+# also stay in the attributes map, so the convention's own names stay queryable.
+FALLBACKS: tuple[tuple[str, str, str], ...] = (
+    ("span_kind", schema.GEN_AI_OPERATION_NAME, "kind"),
+    ("model_name", schema.GEN_AI_RESPONSE_MODEL, "same"),
+    ("model_name", schema.GEN_AI_REQUEST_MODEL, "same"),
+    ("token_count_prompt", schema.GEN_AI_USAGE_INPUT_TOKENS, "same"),
+    ("token_count_completion", schema.GEN_AI_USAGE_OUTPUT_TOKENS, "same"),
+    ("tool_name", schema.GEN_AI_TOOL_NAME, "same"),
+    ("finish_reason", schema.GEN_AI_RESPONSE_FINISH_REASONS, "first"),
+)
+# gen_ai.operation.name -> the OpenInference span kind it is (others leave span_kind empty).
+OPERATION_KINDS = {
+    **{operation: schema.KIND_LLM for operation in schema.GEN_AI_MODEL_CALL_OPERATIONS},
+    schema.GEN_AI_OP_EXECUTE_TOOL: schema.KIND_TOOL,
+    schema.GEN_AI_OP_INVOKE_AGENT: schema.KIND_AGENT,
+}
 # list columns: (column, element type, typecode, plain-array attribute, packed attribute)
 LISTS: tuple[tuple[str, pa.DataType, str, str, str], ...] = (
     ("prompt_token_ids", pa.int32(), "i", schema.PROMPT_TOKEN_IDS, schema.PACKED_PROMPT_TOKEN_IDS),
@@ -92,8 +112,11 @@ FIXED_COLUMNS = (
 )
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 STATUS_CODES = {0: "UNSET", 1: "OK", 2: "ERROR"}
-# attribute -> (is_list, index, accepted type for scalars / is_packed for lists)
-SLOTS: dict[str, tuple[bool, int, Any]] = {
+# attribute -> (is_list, index, accepted type for scalars / is_packed for lists);
+# a fallback: (None, its index in FALLBACKS, the index of its column in SCALARS)
+_SCALAR_INDEX = {column: i for i, (column, _, _, _) in enumerate(SCALARS)}
+SLOTS: dict[str, tuple[bool | None, int, Any]] = {
+    **{attribute: (None, rank, _SCALAR_INDEX[column]) for rank, (column, attribute, _) in enumerate(FALLBACKS)},
     **{attribute: (False, i, kind) for i, (_, _, attribute, kind) in enumerate(SCALARS)},
     **{plain: (True, i, False) for i, (_, _, _, plain, _) in enumerate(LISTS)},
     **{packed: (True, i, True) for i, (_, _, _, _, packed) in enumerate(LISTS)},
@@ -127,12 +150,30 @@ def as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list) -> bool:
-    """Put a promoted attribute's value in its column; False if it does not fit (it stays in the map)."""
+def fallback_value(plain: Any, rank: int) -> Any:
+    """The column value FALLBACKS[rank]'s attribute gives, or None when it gives none."""
+    column, _, how = FALLBACKS[rank]
+    if how == "kind":
+        return OPERATION_KINDS.get(plain) if isinstance(plain, str) else None
+    if how == "first":
+        plain = plain[0] if isinstance(plain, list) and plain else None
+    return plain if plain is not None and _fits(plain, SCALARS[_SCALAR_INDEX[column]][3]) else None
+
+
+def _promote(slot: tuple, which: str | None, value, row_scalars: list, row_lists: list, fallbacks: dict) -> bool:
+    """Put a promoted attribute's value in its column; False if it does not fit (it stays in the map).
+    A fallback attribute's value goes to `fallbacks` (column index -> (rank, value)) and stays in the map."""
     is_list, index, kind = slot
     if which is None:
         return True  # an empty value: nothing to keep
     plain = plain_value(value, which)
+    if is_list is None:
+        held = fallbacks.get(kind)
+        if held is None or held[0] > index:
+            filled = fallback_value(plain, index)
+            if filled is not None:
+                fallbacks[kind] = (index, filled)
+        return False
     if not is_list:
         if not _fits(plain, kind):
             return False
@@ -231,6 +272,7 @@ class _Builder:
         keys, values, offsets = self.attr_keys, self.attr_values, self.attr_offsets
         keys_append, values_append, slot_of = keys.append, values.append, SLOTS.get
         n_scalars, n_lists = len(SCALARS), len(LISTS)
+        fallbacks: dict[int, tuple[int, Any]] = {}
         for resource_spans in request.resource_spans:
             resource = [(kv.key, any_value(kv.value)) for kv in resource_spans.resource.attributes]
             service = next((v for k, v in resource if k == schema.SERVICE_NAME and isinstance(v, str)), None)
@@ -245,7 +287,7 @@ class _Builder:
                         key, value = kv.key, kv.value
                         which = value.WhichOneof("value")
                         slot = slot_of(key)
-                        if slot is None or not _promote(slot, which, value, row_scalars, row_lists):
+                        if slot is None or not _promote(slot, which, value, row_scalars, row_lists, fallbacks):
                             if which == "string_value":
                                 keys_append(key)
                                 values_append(value.string_value)
@@ -254,6 +296,11 @@ class _Builder:
                                 values_append(
                                     value.bytes_value.hex() if which == "bytes_value" else as_text(any_value(value))
                                 )
+                    if fallbacks:
+                        for index, (_, filled) in fallbacks.items():
+                            if row_scalars[index] is None:
+                                row_scalars[index] = filled
+                        fallbacks.clear()
                     offsets.append(len(keys))
                     for column, cell in zip(scalars, row_scalars):
                         column.append(cell)
