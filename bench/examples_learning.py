@@ -8,6 +8,7 @@ and the causes of the others) from the `merge_diagnostics` view.
 
     python bench/examples_learning.py --example tool_use --seeds 0 1 2 --minutes 10 --workdir /tmp/bench-tool-use
     python bench/examples_learning.py --example coding --seeds 0 --iterations 5 --workdir /tmp/bench-coding
+    python bench/examples_learning.py --example tool_use --seeds 0 1 2 --workdir /tmp/bench-tool-use --summarize
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=None, help="passed on: no iteration starts after this")
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument(
+        "--summarize", action="store_true", help="run nothing: print the table from DIR/seed-N/run.out and traces"
+    )
     parser.add_argument("extra", nargs="*", help="more flags for run.py (after --)")
     args = parser.parse_args()
 
@@ -80,31 +84,35 @@ def main() -> int:
         ]
         if args.minutes is not None:
             command += ["--minutes", str(args.minutes)]
-        print("$ " + " ".join(command), flush=True)
         began = time.perf_counter()
-        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        (workdir / "run.out").write_text(done.stdout)
-        print(done.stdout, flush=True)
-        if done.returncode != 0:
-            print(f"seed {seed}: run.py exited with {done.returncode}")
-            return 1
-        table = rows(done.stdout)
+        if args.summarize:
+            output = (workdir / "run.out").read_text()
+        else:
+            print("$ " + " ".join(command), flush=True)
+            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            (workdir / "run.out").write_text(output := done.stdout)
+            print(output, flush=True)
+            if done.returncode != 0:
+                print(f"seed {seed}: run.py exited with {done.returncode}")
+                return 1
+        table = rows(output)
         solved = [percent(row["solved"]) for row in table]
-        tail = solved[-3:]
+        last3, last10 = solved[-3:], solved[-10:]
         figures = store_figures(workdir / "traces")
+        wall = float("nan") if args.summarize else time.perf_counter() - began
         summary.append(
-            (seed, len(table), solved[0], sum(tail) / len(tail), solved[-1], figures, time.perf_counter() - began)
+            (seed, len(table), solved[0], sum(last3) / len(last3), solved[-1], sum(last10) / len(last10), figures, wall)
         )
 
     print(
         "\nseed | iterations | solved at iteration 1 | solved, last 3 (mean) | solved, last | x | "
-        "samples/rollout | one-sample | merged boundaries | wall s"
+        "solved, last 10 (mean) | samples/rollout | one-sample | merged boundaries | wall s"
     )
-    for seed, iterations, first, last3, last, figures, wall in summary:
-        ratio = f"{last3 / first:.1f}" if first else "inf"
+    for seed, iterations, first, mean3, last, mean10, figures, wall in summary:
+        ratio = f"{mean3 / first:.1f}" if first else "inf"
         merged = f"{figures['merged']}/{figures['boundaries']}" if figures["boundaries"] else "-"
         print(
-            f"{seed} | {iterations} | {first:.1%} | {last3:.1%} | {last:.1%} | {ratio} | "
+            f"{seed} | {iterations} | {first:.1%} | {mean3:.1%} | {last:.1%} | {ratio} | {mean10:.1%} | "
             f"{figures['samples_per_rollout']:.2f} | {figures['one_sample']:.1%} | {merged} | {wall:.0f}"
         )
         if figures["causes"]:

@@ -114,13 +114,22 @@ def sft_warmup(
     learning_rate: float,
     seed: int,
     batch_size: int = 16,
+    stop_when: Callable[[object, object], bool] | None = None,
+    check_every: int = 5,
 ) -> Path:
     """TRL's SFTTrainer on conversational prompt -> completion pairs (loss on the completion only),
-    rendered with the model's chat template and `tools`; saves model and tokenizer to `out`."""
+    rendered with the model's chat template and `tools`; saves model and tokenizer to `out`.
+    `stop_when(model, tokenizer)`, if given, is asked every `check_every` steps and ends the
+    warm-up early when it returns True (`steps` is then the most it runs)."""
     import torch
     from datasets import Dataset, disable_progress_bars
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
+
+    class StopWhen(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % check_every == 0 and stop_when(model, tokenizer):
+                control.should_training_stop = True
 
     disable_progress_bars()
     tokenizer = AutoTokenizer.from_pretrained(base)
@@ -143,11 +152,18 @@ def sft_warmup(
         gradient_checkpointing=False,
         max_length=None,  # TRL's 1024 drops a harness's long conversations (coding's run ~1,500 tokens)
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
+        callbacks=[StopWhen()] if stop_when else None,
+    )
     with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its metrics dict; the table is the output
         trainer.train()
     trainer.save_model(str(out))
     tokenizer.save_pretrained(out)
+    (out / "warm_up.json").write_text(json.dumps({"steps": trainer.state.global_step, "max_steps": steps}))
     return out
 
 
@@ -163,7 +179,9 @@ def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) ->
     if not (warm / "config.json").exists():
         began = time.perf_counter()
         example.warm_up(base, warm, args.sft_steps, args.sft_learning_rate, args.seed)
-        print(f"SFT warm-up: {args.sft_steps} steps in {time.perf_counter() - began:.0f} s -> {warm}", flush=True)
+        record = warm / "warm_up.json"  # written by sft_warmup: the steps run, when it stopped early
+        steps = json.loads(record.read_text())["steps"] if record.exists() else args.sft_steps
+        print(f"SFT warm-up: {steps} steps in {time.perf_counter() - began:.0f} s -> {warm}", flush=True)
     return warm
 
 

@@ -1,4 +1,7 @@
-"""The demo (`examples/digit_sum/run.py`) end to end, and its clean shutdown on Ctrl-C. Each run starts its own vLLM."""
+"""The examples' shared loop end to end as the demo prints it, and the demo's clean shutdown on Ctrl-C.
+`make demo` runs `examples/tool_use/run.py` (the Ctrl-C test runs it); the session's `demo_run`
+(conftest) is `examples/digit_sum/run.py`, the same loop (examples/training_loop.py) with a smaller
+warm-up, whose store other tests read. Each run starts its own vLLM."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
-            str(EXAMPLES / "digit_sum" / "run.py"),
+            str(EXAMPLES / "tool_use" / "run.py"),
             "--workdir",
             str(workdir),
             "--iterations",
@@ -39,6 +42,8 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
             "2",
             "--rollouts-per-task",
             "2",
+            "--sft-steps",
+            "0",  # what is checked is the shutdown: no warm-up first
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

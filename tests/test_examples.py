@@ -137,7 +137,7 @@ def test_calculator_computes_plus_minus_times_and_refuses_anything_else():
     assert task.reward("", 1776) == 0.0
 
 
-def test_calculator_tasks_have_four_digit_products_and_the_warm_up_tags_its_share_of_calls():
+def test_calculator_tasks_have_four_digit_products_and_the_warm_up_shows_solved_calls():
     import random
 
     task = _import_example("tool_use", "calculator_task")
@@ -146,17 +146,17 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_tags_its_shar
         question, result = task.make_task(rng)
         a, b = (int(x) for x in task.expression_of(question).split(" * "))
         assert result == a * b and 1000 <= result <= 9999
-    examples = task.sft_examples(400, random.Random(1), tagged_share=0.25)
-    calls, answers = examples[0::2], examples[1::2]
-    tagged = sum(1 for e in calls if e["completion"][0].get("tool_calls"))
-    assert 60 <= tagged <= 140  # ~100 of 400
-    for call, answer in zip(calls, answers):
+    examples = task.sft_examples(50, random.Random(1))
+    for call, answer in zip(examples[0::2], examples[1::2]):
         question = call["prompt"][1]["content"]
-        expected = int(task.calculate(task.expression_of(question)))
+        (tool_call,) = call["completion"][0]["tool_calls"]
+        assert tool_call["function"] == {
+            "name": "calculator",
+            "arguments": {"expression": task.expression_of(question)},
+        }
+        expected = task.calculate(task.expression_of(question))
+        assert answer["prompt"][-1] == {"role": "tool", "tool_call_id": "call_0", "content": expected}
         assert answer["completion"][0]["content"] == f"The answer is {expected}."
-        if not call["completion"][0].get("tool_calls"):  # the untagged call: same JSON, no tags
-            assert "<tool_call>" not in call["completion"][0]["content"]
-            assert task.expression_of(question) in call["completion"][0]["content"]
 
 
 QWEN25_RENDERING = (

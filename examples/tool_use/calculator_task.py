@@ -12,7 +12,6 @@ call of a solved rollout, rendered by the same chat template vLLM uses, tools in
 from __future__ import annotations
 
 import ast
-import json
 import operator
 import random
 import re
@@ -73,12 +72,9 @@ def tool_schema() -> dict:
     }
 
 
-def sft_examples(count: int, rng: random.Random, tagged_share: float = 1.0) -> list[dict]:
-    """Prompt -> completion pairs, two per task: the call, and the answer that reports its result.
-    Only `tagged_share` of the calls are written in `<tool_call>` tags; the others are the same
-    JSON without them, which the hermes parser does not read as a call: the harness takes it for
-    the final answer, a wrong one. So the warm-up teaches the call's content and the copying, and
-    leaves the format the harness accepts for RL to find."""
+def sft_examples(count: int, rng: random.Random) -> list[dict]:
+    """Prompt -> completion pairs, two per task: the call with the question's expression, and the
+    answer that reports the tool's result."""
     examples = []
     for _ in range(count):
         question, result = make_task(rng)
@@ -86,11 +82,7 @@ def sft_examples(count: int, rng: random.Random, tagged_share: float = 1.0) -> l
         call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
         start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
         calling = {"role": "assistant", "content": None, "tool_calls": [call]}
-        if rng.random() < tagged_share:
-            examples.append({"prompt": start, "completion": [calling]})
-        else:
-            untagged = json.dumps({"name": TOOL_NAME, "arguments": arguments})
-            examples.append({"prompt": start, "completion": [{"role": "assistant", "content": untagged}]})
+        examples.append({"prompt": start, "completion": [calling]})
         answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
         reply = {"role": "assistant", "content": f"The answer is {result}."}
         examples.append({"prompt": answered, "completion": [reply]})

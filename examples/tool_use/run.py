@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
+WARM_UP_SOLVED = 0.10  # the held-out solved share at which the SFT warm-up stops
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this example's task, and the loop all examples share
 
@@ -28,9 +30,82 @@ def build_model(out: Path, seed: int) -> Path:
     return build_tiny_model(out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True)
 
 
+def held_out_solved_share(model, tokenizer, tasks: list[tuple[str, int]], max_tokens: int = 40) -> float:
+    """The share of `tasks` solved when both model calls are sampled in process as the agent's are
+    (temperature 1, the tool in the system turn): the first must be a `<tool_call>` the hermes parser
+    reads (JSON with the calculator's name and an expression), the tool runs on that expression, and
+    the second must report the question's result."""
+    import torch
+
+    tools = [calculator_task.tool_schema()]
+
+    def sample(conversations: list[list[dict]]) -> list[str]:
+        rendered = [
+            tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)
+            for c in conversations
+        ]
+        ids = [tokenizer.encode(text, add_special_tokens=False) for text in rendered]
+        width, pad = max(map(len, ids)), tokenizer.pad_token_id
+        inputs = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+        out = model.generate(
+            input_ids=inputs,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+        return [tokenizer.decode(row[width:], skip_special_tokens=True) for row in out]
+
+    starts = [
+        [{"role": "system", "content": calculator_task.INSTRUCTIONS}, {"role": "user", "content": q}] for q, _ in tasks
+    ]
+    second, results = [], []
+    was_training = model.training
+    model.eval()
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(0)
+        for start, text, (_, result) in zip(starts, sample(starts), tasks):
+            match = re.search(r"<tool_call>(.*?)</tool_call>", text, re.S)
+            try:
+                call = json.loads(match.group(1))
+                expression = call["arguments"]["expression"]
+                if call["name"] != calculator_task.TOOL_NAME or not isinstance(expression, str):
+                    continue
+            except (AttributeError, TypeError, KeyError, ValueError):
+                continue
+            function = {"name": calculator_task.TOOL_NAME, "arguments": {"expression": expression}}
+            calling = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c", "type": "function", "function": function}],
+            }
+            observed = {"role": "tool", "tool_call_id": "c", "content": calculator_task.calculate(expression)}
+            second.append(start + [calling, observed])
+            results.append(result)
+        solved = (
+            sum(calculator_task.reward(text, result) for text, result in zip(sample(second), results)) if second else 0
+        )
+    model.train(was_training)
+    return solved / len(tasks)
+
+
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
+    """SFT on solved rollouts, stopped at the first check (every 5 steps) where the model solves at
+    least WARM_UP_SOLVED of held-out tasks: it has the call's format, and copies only sometimes."""
     examples = calculator_task.sft_examples(400, random.Random(seed))
-    return training_loop.sft_warmup(base, out, examples, [calculator_task.tool_schema()], steps, learning_rate, seed)
+    held_out_rng = random.Random(f"held-out {seed}")
+    held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
+
+    def solves_enough(model, tokenizer) -> bool:
+        return held_out_solved_share(model, tokenizer, held_out) >= WARM_UP_SOLVED
+
+    tools = [calculator_task.tool_schema()]
+    return training_loop.sft_warmup(base, out, examples, tools, steps, learning_rate, seed, stop_when=solves_enough)
 
 
 def run_agent(iteration: training_loop.Iteration) -> int:
@@ -56,7 +131,7 @@ EXAMPLE = training_loop.Example(
     warm_up=warm_up,
     run_agent=run_agent,
     tool_call_parser="hermes",
-    defaults={"iterations": 40, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 200},
+    defaults={"iterations": 40, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 600, "learning_rate": 3e-4},
 )
 
 if __name__ == "__main__":
