@@ -1,7 +1,4 @@
-"""The examples' shared loop end to end as the demo prints it, and the demo's clean shutdown on Ctrl-C.
-`make demo` runs `examples/tool_use/run.py` (the Ctrl-C test runs it); the session's `demo_run`
-(conftest) is `examples/digit_sum/run.py`, the same loop (examples/training_loop.py) with a smaller
-warm-up, whose store other tests read. Each run starts its own vLLM."""
+"""The demo (`examples/digit_sum/run.py`) end to end, and its clean shutdown on Ctrl-C. Each run starts its own vLLM."""
 
 from __future__ import annotations
 
@@ -33,7 +30,7 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
-            str(EXAMPLES / "tool_use" / "run.py"),
+            str(EXAMPLES / "digit_sum" / "run.py"),
             "--workdir",
             str(workdir),
             "--iterations",
@@ -42,8 +39,6 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
             "2",
             "--rollouts-per-task",
             "2",
-            "--sft-steps",
-            "0",  # what is checked is the shutdown: no warm-up first
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
