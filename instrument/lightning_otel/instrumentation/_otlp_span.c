@@ -145,6 +145,25 @@ static void put_string_array(Buffer *b, PyObject *v, uint64_t array_len) { /* ro
     }
 }
 
+
+/* Span.attributes (field 9) entry: a KeyValue's header up to its AnyValue's bytes (key, field 1,
+   left out when empty as the SDK's encoder does; value, field 2, of value_len bytes), with room
+   reserved for the whole entry. The caller writes the value_len bytes next. */
+static int put_key_value_head(Buffer *b, const char *key, Py_ssize_t key_len, uint64_t value_len) {
+    uint64_t kv_len = (key_len ? 1 + varint_size(key_len) + key_len : 0) + 1 + varint_size(value_len) + value_len;
+    if (reserve(b, 1 + 10 + (Py_ssize_t)kv_len) < 0) return -1;
+    b->data[b->len++] = 0x4A;
+    put_varint(b, kv_len);
+    if (key_len) {
+        b->data[b->len++] = 0x0A;
+        put_varint(b, (uint64_t)key_len);
+        put_raw(b, key, key_len);
+    }
+    b->data[b->len++] = 0x12;
+    put_varint(b, value_len);
+    return 0;
+}
+
 static int put_attributes(Buffer *b, PyObject *attributes) {
     PyObject *key, *value;
     Py_ssize_t pos = 0;
@@ -156,34 +175,14 @@ static int put_attributes(Buffer *b, PyObject *attributes) {
         uint64_t array_len;
         if (string_array_size(value, &array_len)) {
             uint64_t value_len = 1 + varint_size(array_len) + array_len;
-            uint64_t kv_len = (key_len ? 1 + varint_size(key_len) + key_len : 0) + 1 + varint_size(value_len) + value_len;
-            if (reserve(b, 1 + 10 + (Py_ssize_t)kv_len) < 0) return -1;
-            b->data[b->len++] = 0x4A;
-            put_varint(b, kv_len);
-            if (key_len) {
-                b->data[b->len++] = 0x0A;
-                put_varint(b, (uint64_t)key_len);
-                put_raw(b, key_utf8, key_len);
-            }
-            b->data[b->len++] = 0x12;
-            put_varint(b, value_len);
+            if (put_key_value_head(b, key_utf8, key_len, value_len) < 0) return -1;
             put_string_array(b, value, array_len);
             continue;
         }
         AnyValue av;
         if (!any_value(value, &av)) return 0;
         uint64_t value_len = (uint64_t)av.head_len + (uint64_t)av.body_len;
-        uint64_t kv_len = (key_len ? 1 + varint_size(key_len) + key_len : 0) + 1 + varint_size(value_len) + value_len;
-        if (reserve(b, 1 + 10 + (Py_ssize_t)kv_len) < 0) return -1;
-        b->data[b->len++] = 0x4A;
-        put_varint(b, kv_len);
-        if (key_len) {
-            b->data[b->len++] = 0x0A;
-            put_varint(b, (uint64_t)key_len);
-            put_raw(b, key_utf8, key_len);
-        }
-        b->data[b->len++] = 0x12;
-        put_varint(b, value_len);
+        if (put_key_value_head(b, key_utf8, key_len, value_len) < 0) return -1;
         put_raw(b, av.head, av.head_len);
         if (av.body_len) put_raw(b, av.body, av.body_len);
     }
