@@ -67,6 +67,13 @@ class Ingestor:
 
     def export(self, request: ExportTraceServiceRequest, body: bytes, flags: int = 0) -> Result:
         """Log `request` (whose serialized form is `body`, stored with WAL `flags`) durably."""
+        return self._export(request, None, body, flags)
+
+    def export_checked(self, spans: int, body: bytes, flags: int = 0) -> Result:
+        """Log `body`, an export already checked to hold `spans` spans, all with valid ids, durably."""
+        return self._export(None, spans, body, flags)
+
+    def _export(self, request: ExportTraceServiceRequest | None, spans: int | None, body: bytes, flags: int) -> Result:
         if not self._slots.acquire(blocking=False):
             raise Overloaded("too many exports in flight", retry_after_s=1, too_many_requests=True)
         try:
@@ -74,6 +81,11 @@ class Ingestor:
                 raise Overloaded(
                     "Parquet conversion is behind; try again shortly", retry_after_s=5, too_many_requests=False
                 )
+            if request is None:
+                if spans:
+                    self.wal.append(body, flags)
+                self.accepted += spans
+                return Result(accepted=spans)
             rejected = drop_invalid_spans(request)
             if rejected:
                 body, flags = request.SerializeToString(), 0
