@@ -47,6 +47,25 @@ def test_a_torn_record_left_by_a_crash_is_dropped_on_replay(tmp_path):
     assert _stored_rows(store) == 3
 
 
+def test_record_checksums_are_zlibs_crc32(tmp_path):
+    # The log computes its CRC-32 with a faster library; the format stays zlib's CRC-32: a record
+    # written by the log carries zlib.crc32 of its payload, and one written with zlib.crc32 reads back.
+    payloads = [b"", b"x", bytes(range(256)) * 40_000, _body(2)]
+    wal = WriteAheadLog(tmp_path / "wal")
+    for payload in payloads:
+        wal.append(payload)
+    segment = wal.rotate()
+    data, offset = wal.path(segment).read_bytes(), 0
+    for payload in payloads:
+        length, crc, _ = _HEADER.unpack_from(data, offset)
+        assert (length, crc) == (len(payload), zlib.crc32(payload))
+        offset += _HEADER.size + length
+    extra = b"written elsewhere" * 1000
+    with open(wal.path(segment), "ab") as handle:
+        handle.write(_HEADER.pack(len(extra), zlib.crc32(extra), 0) + extra)
+    assert [bytes(p) for p in read_segment(wal.path(segment))] == [*payloads, extra]
+
+
 _FAILING_WRITER = r"""
 import os, resource, signal, sys
 from lightning_otel.collector.wal import WriteAheadLog, read_segment
