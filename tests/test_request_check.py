@@ -133,6 +133,11 @@ def test_what_the_check_is_not_sure_of_goes_to_upb():
     cases = {
         "unknown field": span_of(extra=field(99, b"x")),
         "known field, wrong wire type": span_of(extra=varint(5 << 3 | 0) + varint(1)),  # name as a varint
+        # ... where reading the varint as a length would make sense of the bytes after it
+        "wrong wire type, then bytes": varint(5 << 3 | 0) + varint(3) + b"abc" + span_of(),
+        "kind as a length-delimited field": varint(6 << 3 | 2) + varint(2) + b"\x30\x01" + span_of(),
+        "start time as a varint": varint(7 << 3 | 0) + b"\x01" + b"\x00" * 7 + span_of(),
+        "flags as a varint": varint(16 << 3 | 0) + b"\x01\x00\x00\x00" + span_of(),
         "group": span_of(extra=varint(30 << 3 | 3) + varint(30 << 3 | 4)),
         "truncated length": span_of()[:-1],
     }
