@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from lightning_otel.collector.span_rows import count_spans, has_valid_ids
+from lightning_otel.collector.request_check import span_count
+from lightning_otel.collector.span_rows import count_spans, decode_request, has_valid_ids
 from lightning_otel.collector.wal import WriteAheadLog
 
 
@@ -69,9 +70,17 @@ class Ingestor:
         """Log `request` (whose serialized form is `body`, stored with WAL `flags`) durably."""
         return self._export(request, None, body, flags)
 
-    def export_checked(self, spans: int, body: bytes, flags: int = 0) -> Result:
-        """Log `body`, an export already checked to hold `spans` spans, all with valid ids, durably."""
-        return self._export(None, spans, body, flags)
+    def export_body(self, data: bytes, stored: bytes | None = None, flags: int = 0) -> Result:
+        """Log the OTLP/protobuf export `data` durably (as `stored` with `flags` when given: its
+        compressed form). Raises ValueError, logging nothing, when it is not a valid export.
+
+        A body the quick check (request_check.py) vouches for is logged without being parsed into
+        messages; any other is parsed with upb, which rejects it or drops its spans with bad ids."""
+        stored = data if stored is None else stored
+        spans = span_count(data)
+        if spans is not None:
+            return self._export(None, spans, stored, flags)
+        return self._export(decode_request(data), None, stored, flags)
 
     def _export(self, request: ExportTraceServiceRequest | None, spans: int | None, body: bytes, flags: int) -> Result:
         if not self._slots.acquire(blocking=False):

@@ -43,8 +43,6 @@ from lightning_otel.collector.http_body import (
 from lightning_otel.collector.ingest import Ingestor, Overloaded, Result
 from lightning_otel.collector.otlp_json import decode_json, encode_json
 from lightning_otel.collector.query_limits import QueryLimiter
-from lightning_otel.collector.request_check import span_count
-from lightning_otel.collector.span_rows import decode_request
 from lightning_otel.collector.wal import GZIP
 from lightning_otel.core.auth import bearer_ok
 
@@ -88,22 +86,16 @@ def _json_reply(code: int, payload: dict, headers: dict | None = None, close: bo
 
 
 def ingest(ingestor: Ingestor, content_type: str, body: Body) -> Result:
-    """Check one export body and log it durably (runs on the ingest pool: it blocks on fsync).
+    """Decode or check one export body and log it durably (runs on the ingest pool: it blocks on fsync).
 
-    A protobuf body that the quick check (request_check.py) vouches for is logged without being
-    parsed into messages; any other is parsed with upb, which rejects it (400) or drops its spans
-    with bad ids (partial success). A gzip protobuf body is logged as received (GZIP flag: less to
-    write); JSON is logged as the protobuf it decodes to. Raises ValueError (400), Overloaded
-    (429/503), OSError (503)."""
+    A gzip protobuf body is logged as received (GZIP flag: less to write); JSON is logged as the
+    protobuf it decodes to. Raises ValueError (400), Overloaded (429/503), OSError (503)."""
     if content_type == JSON:
         request = decode_json(body.data())
-        return ingestor.export(request, request.SerializeToString(), 0)
-    data = body.data()
-    stored, flags = (body.raw(), GZIP) if body.encoding == GZIP_ENCODING else (data, 0)
-    spans = span_count(data)  # None: not sure it is valid, or some spans have bad ids
-    if spans is not None:
-        return ingestor.export_checked(spans, stored, flags)
-    return ingestor.export(decode_request(data), stored, flags)
+        return ingestor.export(request, request.SerializeToString())
+    if body.encoding == GZIP_ENCODING:
+        return ingestor.export_body(body.data(), body.raw(), GZIP)
+    return ingestor.export_body(body.data())
 
 
 class OTLPHTTPServer:
