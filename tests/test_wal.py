@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -114,5 +115,15 @@ def test_the_end_of_a_burst_is_queryable_without_waiting_for_the_flush_interval(
         while _stored_rows(store) < 62 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _stored_rows(store) == 62
+    finally:
+        pipeline.stop()
+
+
+def test_conversion_workers_run_at_a_lower_priority(tmp_path):
+    # When CPU is short, exports are acknowledged first; conversion takes the CPU left over.
+    store = Store(tmp_path / "data")
+    pipeline = Pipeline(store, WriteAheadLog(tmp_path / "wal"), workers=1, worker_nice=7)
+    try:
+        assert pipeline.executor.submit(os.nice, 0).result(timeout=60) == os.nice(0) + 7
     finally:
         pipeline.stop()
