@@ -90,20 +90,17 @@ class Ingestor:
                 raise Overloaded(
                     "Parquet conversion is behind; try again shortly", retry_after_s=5, too_many_requests=False
                 )
-            if request is None:
-                if spans:
-                    self.wal.append(body, flags)
-                self.accepted += spans
-                return Result(accepted=spans)
-            rejected = drop_invalid_spans(request)
-            if rejected:
-                body, flags = request.SerializeToString(), 0
-            accepted = count_spans(request)
-            if accepted:
+            rejected = 0
+            if request is not None:  # parsed: drop spans with bad ids, count the rest
+                rejected = drop_invalid_spans(request)
+                if rejected:
+                    body, flags = request.SerializeToString(), 0
+                spans = count_spans(request)
+            if spans:
                 self.wal.append(body, flags)
-            self.accepted += accepted
+            self.accepted += spans
             self.rejected += rejected
             message = f"{rejected} span(s) with invalid trace or span ids" if rejected else ""
-            return Result(accepted=accepted, rejected=rejected, message=message)
+            return Result(accepted=spans, rejected=rejected, message=message)
         finally:
             self._slots.release()
