@@ -2,6 +2,7 @@
 
     python bench/collector_ingest.py --payload a --requests 60 --senders 4
     python bench/collector_ingest.py --payload b --requests 60 --senders 4
+    python bench/collector_ingest.py --payload a --requests 20 --micro   # the receiver's steps alone
     python bench/collector_ingest.py --payload b --target http://127.0.0.1:6006/v1/traces   # another receiver
     python bench/collector_ingest.py --payload b --token-encoding base64 --requests 20 --against phoenix \
         --phoenix-python /work/phoenix-venv/bin/python   # then Arize Phoenix, same bodies, same run
@@ -236,6 +237,31 @@ def measure_phoenix(args: argparse.Namespace, bodies: list[bytes], total_spans: 
         phoenix.stop()
 
 
+def receiver_micro(bodies: list[bytes], spans_per_request: int) -> dict:
+    """CPU per request of the receiver's own steps, one thread, no server: what the quick check
+    saves over the upb parse (with the id check it replaced), and isal's CRC-32 over zlib's."""
+    import zlib
+
+    from isal.isal_zlib import crc32 as isal_crc32
+
+    from lightning_otel.collector.ingest import drop_invalid_spans
+    from lightning_otel.collector.request_check import span_count
+
+    def per_request_ms(step) -> float:
+        started = time.process_time()
+        for body in bodies:
+            step(body)
+        return (time.process_time() - started) / len(bodies) * 1e3
+
+    assert all(span_count(body) == spans_per_request for body in bodies)
+    return {
+        "upb_parse_and_id_check_ms": per_request_ms(lambda body: drop_invalid_spans(decode_request(body))),
+        "quick_check_ms": per_request_ms(span_count),
+        "crc32_zlib_ms": per_request_ms(zlib.crc32),
+        "crc32_isal_ms": per_request_ms(isal_crc32),
+    }
+
+
 def _print(title: str, figures: dict) -> None:
     print(title)
     for key, value in figures.items():
@@ -263,6 +289,7 @@ def main() -> None:
     parser.add_argument("--plain-arrays", action="store_true", help="(b) with OTLP int/double arrays, not packed")
     parser.add_argument("--token-encoding", choices=("bytes", "base64"), default="bytes", help="(b) packed as")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--micro", action="store_true", help="only time the receiver's steps per request (no server)")
     args = parser.parse_args()
     if args.against == "phoenix" and args.payload == "b" and args.token_encoding == "bytes" and not args.plain_arrays:
         parser.error("Phoenix drops spans with bytes attributes: use --token-encoding base64 with --against phoenix")
@@ -289,6 +316,9 @@ def main() -> None:
         "plain_arrays": args.plain_arrays,
         "token_encoding": args.token_encoding,
     }
+    if args.micro:
+        _print("receiver steps, CPU per request", receiver_micro(bodies, spans_per_request))
+        return
     workdir = Path(tempfile.mkdtemp(prefix="lightning-bench-"))
     try:
         if args.target:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -45,6 +46,25 @@ def test_a_torn_record_left_by_a_crash_is_dropped_on_replay(tmp_path):
     pipeline = Pipeline(store, WriteAheadLog(tmp_path / "wal"), workers=0).start()  # a restart: replay
     pipeline.stop()
     assert _stored_rows(store) == 3
+
+
+def test_record_checksums_are_zlibs_crc32(tmp_path):
+    # The log computes its CRC-32 with a faster library; the format stays zlib's CRC-32: a record
+    # written by the log carries zlib.crc32 of its payload, and one written with zlib.crc32 reads back.
+    payloads = [b"", b"x", bytes(range(256)) * 40_000, _body(2)]
+    wal = WriteAheadLog(tmp_path / "wal")
+    for payload in payloads:
+        wal.append(payload)
+    segment = wal.rotate()
+    data, offset = wal.path(segment).read_bytes(), 0
+    for payload in payloads:
+        length, crc, _ = _HEADER.unpack_from(data, offset)
+        assert (length, crc) == (len(payload), zlib.crc32(payload))
+        offset += _HEADER.size + length
+    extra = b"written elsewhere" * 1000
+    with open(wal.path(segment), "ab") as handle:
+        handle.write(_HEADER.pack(len(extra), zlib.crc32(extra), 0) + extra)
+    assert [bytes(p) for p in read_segment(wal.path(segment))] == [*payloads, extra]
 
 
 _FAILING_WRITER = r"""
@@ -95,5 +115,15 @@ def test_the_end_of_a_burst_is_queryable_without_waiting_for_the_flush_interval(
         while _stored_rows(store) < 62 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert _stored_rows(store) == 62
+    finally:
+        pipeline.stop()
+
+
+def test_conversion_workers_run_at_a_lower_priority(tmp_path):
+    # When CPU is short, exports are acknowledged first; conversion takes the CPU left over.
+    store = Store(tmp_path / "data")
+    pipeline = Pipeline(store, WriteAheadLog(tmp_path / "wal"), workers=1, worker_nice=7)
+    try:
+        assert pipeline.executor.submit(os.nice, 0).result(timeout=60) == os.nice(0) + 7
     finally:
         pipeline.stop()

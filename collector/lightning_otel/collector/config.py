@@ -23,6 +23,11 @@ class CollectorConfig:
     query_token: str | None = setting(None, "enables POST /v1/query (read-only SQL) behind this bearer token")
     flush_interval_s: float = setting(1.0, "seconds between WAL -> Parquet rounds")
     workers: int = setting(2, "Parquet conversion processes (0: inside the collector process)")
+    worker_nice: int = setting(
+        10,
+        "niceness added to the Parquet conversion processes, so that when CPU is short exports are"
+        " acknowledged first and conversion catches up after (0: same priority)",
+    )
     max_body_bytes: int = setting(DEFAULT_MAX_BODY, "largest accepted request body, after decompression (413 above)")
     max_backlog_bytes: int = setting(2 * 1024**3, "WAL bytes not yet in Parquet before exporters get 503 + Retry-After")
     max_inflight: int = setting(64, "concurrent exports before exporters get 429 + Retry-After")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from lightning_otel.collector.span_rows import count_spans, has_valid_ids
+from lightning_otel.collector.request_check import span_count
+from lightning_otel.collector.span_rows import count_spans, decode_request, has_valid_ids
 from lightning_otel.collector.wal import WriteAheadLog
 
 
@@ -67,6 +68,21 @@ class Ingestor:
 
     def export(self, request: ExportTraceServiceRequest, body: bytes, flags: int = 0) -> Result:
         """Log `request` (whose serialized form is `body`, stored with WAL `flags`) durably."""
+        return self._export(request, None, body, flags)
+
+    def export_body(self, data: bytes, stored: bytes | None = None, flags: int = 0) -> Result:
+        """Log the OTLP/protobuf export `data` durably (as `stored` with `flags` when given: its
+        compressed form). Raises ValueError, logging nothing, when it is not a valid export.
+
+        A body the quick check (request_check.py) vouches for is logged without being parsed into
+        messages; any other is parsed with upb, which rejects it or drops its spans with bad ids."""
+        stored = data if stored is None else stored
+        spans = span_count(data)
+        if spans is not None:
+            return self._export(None, spans, stored, flags)
+        return self._export(decode_request(data), None, stored, flags)
+
+    def _export(self, request: ExportTraceServiceRequest | None, spans: int | None, body: bytes, flags: int) -> Result:
         if not self._slots.acquire(blocking=False):
             raise Overloaded("too many exports in flight", retry_after_s=1, too_many_requests=True)
         try:
@@ -74,15 +90,17 @@ class Ingestor:
                 raise Overloaded(
                     "Parquet conversion is behind; try again shortly", retry_after_s=5, too_many_requests=False
                 )
-            rejected = drop_invalid_spans(request)
-            if rejected:
-                body, flags = request.SerializeToString(), 0
-            accepted = count_spans(request)
-            if accepted:
+            rejected = 0
+            if request is not None:  # parsed: drop spans with bad ids, count the rest
+                rejected = drop_invalid_spans(request)
+                if rejected:
+                    body, flags = request.SerializeToString(), 0
+                spans = count_spans(request)
+            if spans:
                 self.wal.append(body, flags)
-            self.accepted += accepted
+            self.accepted += spans
             self.rejected += rejected
             message = f"{rejected} span(s) with invalid trace or span ids" if rejected else ""
-            return Result(accepted=accepted, rejected=rejected, message=message)
+            return Result(accepted=spans, rejected=rejected, message=message)
         finally:
             self._slots.release()

@@ -17,7 +17,6 @@ from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from lightning_otel.collector.ingest import Ingestor, Overloaded
-from lightning_otel.collector.span_rows import decode_request
 from lightning_otel.core.auth import bearer_ok
 
 log = logging.getLogger(__name__)
@@ -48,11 +47,9 @@ class _TraceService:
         if not bearer_ok(metadata.get("authorization"), self.token):
             _abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
-            request = decode_request(body)
+            result = self.ingestor.export_body(body)
         except ValueError as exc:
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        try:
-            result = self.ingestor.export(request, body)
         except Overloaded as exc:
             retry = any_pb2.Any()
             retry.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=exc.retry_after_s)))

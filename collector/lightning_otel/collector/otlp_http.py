@@ -43,7 +43,6 @@ from lightning_otel.collector.http_body import (
 from lightning_otel.collector.ingest import Ingestor, Overloaded, Result
 from lightning_otel.collector.otlp_json import decode_json, encode_json
 from lightning_otel.collector.query_limits import QueryLimiter
-from lightning_otel.collector.span_rows import decode_request
 from lightning_otel.collector.wal import GZIP
 from lightning_otel.core.auth import bearer_ok
 
@@ -87,20 +86,16 @@ def _json_reply(code: int, payload: dict, headers: dict | None = None, close: bo
 
 
 def ingest(ingestor: Ingestor, content_type: str, body: Body) -> Result:
-    """Decode one export body and log it durably (runs on the ingest pool: it blocks on fsync).
+    """Decode or check one export body and log it durably (runs on the ingest pool: it blocks on fsync).
 
     A gzip protobuf body is logged as received (GZIP flag: less to write); JSON is logged as the
     protobuf it decodes to. Raises ValueError (400), Overloaded (429/503), OSError (503)."""
     if content_type == JSON:
         request = decode_json(body.data())
-        stored, flags = request.SerializeToString(), 0
-    elif body.encoding == GZIP_ENCODING:
-        request = decode_request(body.data())
-        stored, flags = body.raw(), GZIP
-    else:
-        stored, flags = body.data(), 0
-        request = decode_request(stored)
-    return ingestor.export(request, stored, flags)
+        return ingestor.export(request, request.SerializeToString())
+    if body.encoding == GZIP_ENCODING:
+        return ingestor.export_body(body.data(), body.raw(), GZIP)
+    return ingestor.export_body(body.data())
 
 
 class OTLPHTTPServer:

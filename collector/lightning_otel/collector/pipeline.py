@@ -95,6 +95,7 @@ class Pipeline:
         compact_interval_s: float = 30.0,
         compact_grace_s: float = 600.0,
         retention_hours: float | None = None,
+        worker_nice: int = 0,
     ) -> None:
         self.store, self.wal = store, wal
         self.flush_interval_s = flush_interval_s
@@ -103,7 +104,9 @@ class Pipeline:
         self.compact_grace_s = compact_grace_s
         self.retention_hours = retention_hours
         self.executor: Executor = (
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+            ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn"), initializer=os.nice, initargs=(worker_nice,)
+            )
             if workers > 0
             else _InlineExecutor()
         )

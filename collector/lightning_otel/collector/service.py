@@ -39,6 +39,7 @@ class Collector:
             config.compact_interval_s,
             config.compact_grace_s,
             config.retention_hours,
+            config.worker_nice,
         )
         self.http: OTLPHTTPServer | None = None
         self.grpc = None

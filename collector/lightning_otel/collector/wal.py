@@ -24,9 +24,13 @@ import secrets
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
+
+try:  # the same CRC-32 as zlib's, ~7x faster (SIMD): ~1.4 ms less per 5 MB record on the ack path
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without isal's wheels
+    from zlib import crc32
 
 _HEADER = struct.Struct("<IIB")
 _SUFFIX = ".wal"
@@ -86,7 +90,7 @@ class WriteAheadLog:
 
     def append(self, payload: bytes, flags: int = 0) -> None:
         """Write one record; return once an fsync covers it."""
-        header = _HEADER.pack(len(payload), zlib.crc32(payload), flags)
+        header = _HEADER.pack(len(payload), crc32(payload), flags)
         rotate_after = False
         with self._lock:
             if self._fd is None:
@@ -164,7 +168,7 @@ def read_segment(path: Path, verify: bool = True) -> Iterator[bytes | memoryview
     while offset + _HEADER.size <= len(data):
         length, crc, flags = _HEADER.unpack_from(data, offset)
         start, end = offset + _HEADER.size, offset + _HEADER.size + length
-        if end > len(data) or (verify and zlib.crc32(data[start:end]) != crc):
+        if end > len(data) or (verify and crc32(data[start:end]) != crc):
             return  # torn tail: never acknowledged
         payload = data[start:end]
         yield gzip.decompress(payload) if flags & GZIP else payload
