@@ -187,7 +187,7 @@ def _check_pydantic_tools(conn, seen: list[dict]) -> None:
     assert conn.execute("SELECT list(tool_calls) FROM rollouts").fetchall()[0][0] == [1] * len(seen)
 
 
-def test_pydantic_ai_agent_with_a_tool(vllm_server, collector, tokenizer):
+def test_pydantic_ai_agent_with_a_tool(vllm_server, collector, tokenizer, tiny_model_dir, tmp_path):
     seen = run_agent(vllm_server, collector, "pydantic-ai", [1.0, 0.5])
     conn = _stored(collector, calls=4, rollouts=2)
     _check_pydantic_tools(conn, seen)
@@ -199,6 +199,28 @@ def test_pydantic_ai_agent_with_a_tool(vllm_server, collector, tokenizer):
         ("r0", 2, 0),
         ("r1", 2, 0),
     ]
+    _scheduled_runs_train_on_rebuilt_calls_only_when_allowed(collector, tiny_model_dir, tmp_path)
+
+
+def _scheduled_runs_train_on_rebuilt_calls_only_when_allowed(collector, tiny_model_dir, tmp_path):
+    """The scheduled job (`lightning-otel train`'s run_once) on the GenAI-only rollouts: without
+    [selection] allow_reconstructed nothing is trainable; with it one GRPO step on the rebuilt calls."""
+    from lightning_otel.trainer.config import TrainConfig
+    from lightning_otel.trainer.training_run import run_once
+
+    def run(allow: bool):
+        config = TrainConfig()
+        config.store.data_dir, config.store.otlp_endpoint = str(collector.data_dir), collector.traces_endpoint
+        config.model.base, config.checkpoints.dir = str(tiny_model_dir), str(tmp_path / f"state-{allow}")
+        config.selection.min_age_s, config.selection.allow_reconstructed = 0.0, allow
+        return run_once(config)
+
+    skipped = run(False)
+    assert skipped.status == "nothing to do"
+    assert skipped.excluded == {"r0": NO_TRAINABLE_CALL, "r1": NO_TRAINABLE_CALL}
+    trained = run(True)
+    assert trained.status == "trained" and trained.rollouts == 2 and trained.step == 1
+    assert trained.samples >= 2 and math.isfinite(trained.loss)
 
 
 def test_pydantic_ai_inside_a_lightning_rollout(vllm_server, collector):

@@ -67,6 +67,9 @@ class SelectionSection:
     max_rollouts: int = 256
     min_rollouts: int = 1  # fewer available: nothing to do this run
     max_staleness: int | None = None
+    # calls without token ids (GenAI-convention spans, OpenInference's own) rebuilt from their messages
+    # with the model's chat template, as on-policy (docs/training.md); off: skipped and counted
+    allow_reconstructed: bool = False
 
 
 @dataclass

@@ -304,6 +304,8 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
                         limit=config.selection.max_rollouts,
                         exclude="lightning_trained",
                         only_rewarded=True,
+                        allow_reconstructed=config.selection.allow_reconstructed,
+                        tokenizer=_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
                     ),
                 )
             # Excluded for good, so no later run selects them again (a missing reward may still come).
