@@ -88,6 +88,15 @@ def _calls(conn, rollout_id: str) -> list[dict]:
     return [dict(zip(columns, row)) for row in result.fetchall()]
 
 
+def _arguments(text: str):
+    """A tool call's arguments as openai-v2 records them: the JSON value, or the text itself when it is
+    not JSON (the tiny model, sampled, can run out of max_tokens inside a forced call's arguments)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def _check_usage(calls: list[dict], seen: dict) -> None:
     """Model and token counts as vLLM reported them to the agent, finish reasons as gen_ai recorded them."""
     assert [c["model_name"] for c in calls] == ["policy", "policy"]
@@ -126,7 +135,7 @@ def test_openai_v2_latest_shape_rebuilt_for_training(vllm_server, collector, tok
         ]
         tool_call = next(p for p in first_out[0]["parts"] if p["type"] == "tool_call")
         assert tool_call["name"] == agent_saw["tool_call"]["name"] == "add"
-        assert tool_call["arguments"] == json.loads(agent_saw["tool_call"]["arguments"])
+        assert tool_call["arguments"] == _arguments(agent_saw["tool_call"]["arguments"])
         answer = json.loads(calls[1]["output_messages"])[0]["parts"][0]["content"]
         assert answer == agent_saw["answer"]
 
