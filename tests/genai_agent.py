@@ -117,6 +117,7 @@ def openai_v2(config: dict) -> list:
         return {
             "tool_call": {"name": call.function.name, "arguments": call.function.arguments},
             "answer": second.choices[0].message.content,
+            "answer_finish_reason": second.choices[0].finish_reason,
             "usage": [first.usage.model_dump(), second.usage.model_dump()],
         }
 
