@@ -4,7 +4,9 @@ prints what its output and its trace store say.
 For each run: the solved share at iteration 1 (served by the SFT warm-up's weights) and at the end
 (the mean of the last three iterations, and the last), how many iterations fit in the time given, the
 samples per rollout and one-sample share over every train step, and the merge boundaries (merged,
-and the causes of the others) from the `merge_diagnostics` view.
+and the causes of the others) from the `merge_diagnostics` view. A second table adds the counts
+(rollouts, LLM calls) and the mean reward at the first and last iteration, beside the paper's coding
+agent (2.41 samples per rollout, 36% one-sample).
 
     python bench/examples_learning.py --example tool_use --seeds 0 1 2 --minutes 10 --workdir /tmp/bench-tool-use
     python bench/examples_learning.py --example coding --seeds 0 --iterations 5 --workdir /tmp/bench-coding
@@ -39,6 +41,38 @@ def percent(text: str) -> float:
     return float(text.rstrip("%")) / 100
 
 
+def run_totals(table: list[dict[str, str]]) -> dict:
+    """Sums over the run's rows; the overall solved share weighs each row by its rollouts."""
+    rollouts = [int(row["rollouts"]) for row in table]
+    solved = sum(percent(row["solved"]) * count for row, count in zip(table, rollouts))
+    return {
+        "rollouts": sum(rollouts),
+        "llm_calls": sum(int(row["llm calls"]) for row in table),
+        "reward_first": float(table[0]["mean reward"]),
+        "reward_last": float(table[-1]["mean reward"]),
+        "solved": round(solved),
+    }
+
+
+def next_message_by_cause(data_dir: Path) -> list[tuple[str, str, str, int]]:
+    """Boundaries not merged, by cause, the detail's first clause, and the first line (60 characters)
+    of the message the next prompt ends with (its text, or a tool result): what the harness sent after
+    the answer it kept or dropped."""
+    from lightning_otel.collector import connect
+
+    return (
+        connect(data_dir)
+        .execute("""
+        SELECT d.cause, split_part(d.detail, ',', 1), left(split_part(last_text, chr(10), 1), 60), count(*)
+        FROM merge_diagnostics d JOIN (
+            SELECT span_id, coalesce(json_extract_string(input_messages, '$[#-1].parts[0].content'),
+                                     json_extract_string(input_messages, '$[#-1].parts[0].response')) AS last_text
+            FROM llm_calls) n ON n.span_id = d.next_span_id
+        WHERE NOT d.merged GROUP BY ALL ORDER BY 4 DESC, 1, 2, 3""")
+        .fetchall()
+    )
+
+
 def store_figures(data_dir: Path) -> dict:
     sys.path.insert(0, str(ROOT / "examples"))
     import training_loop
@@ -52,6 +86,7 @@ def store_figures(data_dir: Path) -> dict:
         "boundaries": boundaries,
         "merged": merged,
         "causes": causes,
+        "next_messages": next_message_by_cause(data_dir) if boundaries else [],
     }
 
 
@@ -100,6 +135,7 @@ def main() -> int:
         last3, last10 = solved[-3:], solved[-10:]
         figures = store_figures(workdir / "traces")
         wall = float("nan") if args.summarize else time.perf_counter() - began
+        figures.update(run_totals(table))
         summary.append(
             (seed, len(table), solved[0], sum(last3) / len(last3), solved[-1], sum(last10) / len(last10), figures, wall)
         )
@@ -117,6 +153,26 @@ def main() -> int:
         )
         if figures["causes"]:
             print("     not merged, by cause: " + ", ".join(f"{cause} {count}" for cause, count in figures["causes"]))
+
+    print(
+        "\nexample | seed | iterations | rollouts | llm calls | samples/rollout | one-sample | "
+        "mean reward, first / last | solved, first / last | solved, all iterations | merged boundaries | not merged, by cause"
+    )
+    for seed, iterations, first, _, last, _, figures, _ in summary:
+        merged = f"{figures['merged']}/{figures['boundaries']}" if figures["boundaries"] else "-"
+        causes = ", ".join(f"{cause} {count}" for cause, count in figures["causes"]) or "-"
+        print(
+            f"{args.example} | {seed} | {iterations} | {figures['rollouts']} | {figures['llm_calls']} | "
+            f"{figures['samples_per_rollout']:.2f} | {figures['one_sample']:.1%} | "
+            f"{figures['reward_first']:.3f} / {figures['reward_last']:.3f} | {first:.1%} / {last:.1%} | "
+            f"{figures['solved']}/{figures['rollouts']} ({figures['solved'] / figures['rollouts']:.1%}) | {merged} | {causes}"
+        )
+    print("paper (coding agent, mini-SWE-agent) | | | | | 2.41 | 36% | | | | |")
+    for seed, *_, figures, _ in summary:
+        if figures["next_messages"]:
+            print(f"\nseed {seed}, boundaries not merged: cause | detail | the next prompt's last message | count")
+            for cause, detail, line, count in figures["next_messages"]:
+                print(f"{cause} | {detail or '-'} | {line!r} | {count}")
     return 0
 
 
