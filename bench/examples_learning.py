@@ -6,7 +6,8 @@ For each run: the solved share at iteration 1 (served by the SFT warm-up's weigh
 samples per rollout and one-sample share over every train step, and the merge boundaries (merged,
 and the causes of the others) from the `merge_diagnostics` view. A second table adds the counts
 (rollouts, LLM calls) and the mean reward at the first and last iteration, beside the paper's coding
-agent (2.41 samples per rollout, 36% one-sample).
+agent (2.41 samples per rollout, 36% one-sample); a last one lists the boundaries that did not merge by
+cause, the detail's first clause and the message the next prompt ends with.
 
     python bench/examples_learning.py --example tool_use --seeds 0 1 2 --minutes 10 --workdir /tmp/bench-tool-use
     python bench/examples_learning.py --example coding --seeds 0 --iterations 5 --workdir /tmp/bench-coding
