@@ -1,0 +1,115 @@
+"""When does tool_use's SFT warm-up start copying? Offline, no servers: the example's warm-up data and
+held-out check, printed every K steps, for one seed and one initialization.
+
+    python bench/tool_use_warm_up.py --seed 1 --steps 400 --every 25 --workdir DIR
+    python bench/tool_use_warm_up.py --seed 1 --init-seed 1001 ...     # the same data, another initialization
+    python bench/tool_use_warm_up.py --seed 1 --plain-prompt ...        # a system turn without "12 * 34" / "The answer is"
+    python bench/tool_use_warm_up.py --probe DIR/sft                     # a saved model: p(copied digit) by position
+
+Each line (on stderr: TRL's run hides stdout): the step and the held-out solved share
+(`run.held_out_solved_share`, the warm-up's stopping check); then the probe of the final model.
+`--probe` prints, teacher-forced over 64 solved conversations, the mean probability of the right digit
+at each of the four digits the call copies from the question and the four the answer copies from the tool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples"
+sys.path[:0] = [str(EXAMPLE / "tool_use"), str(EXAMPLE)]
+
+import calculator_task  # noqa: E402
+import run as tool_use  # noqa: E402
+import training_loop  # noqa: E402
+
+PLAIN_INSTRUCTIONS = "Use the calculator tool, then reply with its result."
+PLAIN_DESCRIPTION = "Evaluate an arithmetic expression over integers: add, subtract, multiply."
+
+
+def probe(model_dir: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    tools = [calculator_task.tool_schema()]
+    digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
+    examples = calculator_task.sft_examples(64, random.Random(999))
+    for kind, part in (("call", examples[0::2]), ("answer", examples[1::2])):
+        rows = []
+        for example in part:
+            prompt, full = (
+                tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **extra))
+                for messages, extra in (
+                    (example["prompt"], {"add_generation_prompt": True}),
+                    (example["prompt"] + example["completion"], {}),
+                )
+            )
+            with torch.no_grad():
+                logprobs = model(torch.tensor([full])).logits[0].log_softmax(-1)
+            completion = range(len(prompt), len(full))
+            rows.append([logprobs[t - 1, full[t]].exp().item() for t in completion if full[t] in digits][:4])
+        means = [sum(row[k] for row in rows) / len(rows) for k in range(4)]
+        print(f"{kind}: mean p(right digit) at digits 1-4: " + " ".join(f"{m:.2f}" for m in means))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=0, help="the run's seed: warm-up data, data order, held-out tasks")
+    parser.add_argument("--init-seed", type=int, default=None, help="the tiny model's seed (default: --seed)")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--every", type=int, default=25)
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--plain-prompt", action="store_true", help="no digits or answer phrase in the system turn")
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--probe", type=Path, help="only probe this saved model")
+    args = parser.parse_args()
+    if args.probe:
+        probe(args.probe)
+        return 0
+    if args.workdir is None:
+        parser.error("--workdir is required")
+    if args.plain_prompt:
+        calculator_task.INSTRUCTIONS, calculator_task.TOOL_DESCRIPTION = PLAIN_INSTRUCTIONS, PLAIN_DESCRIPTION
+    init_seed = args.seed if args.init_seed is None else args.init_seed
+    base = tool_use.build_model(args.workdir / "model", init_seed)
+    examples = calculator_task.sft_examples(400, random.Random(args.seed))  # as run.warm_up makes them
+    held_out_rng = random.Random(f"held-out {args.seed}")
+    held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
+    began, step = time.perf_counter(), 0
+
+    def report(model, tokenizer) -> bool:
+        nonlocal step
+        step += args.every
+        solved = tool_use.held_out_solved_share(model, tokenizer, held_out)
+        print(
+            f"seed {args.seed} init {init_seed} step {step:4d} ({time.perf_counter() - began:4.0f} s): "
+            f"held-out solved {solved:.3f}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+
+    tools = [calculator_task.tool_schema()]
+    training_loop.sft_warmup(
+        base,
+        args.workdir / "sft",
+        examples,
+        tools,
+        args.steps,
+        args.learning_rate,
+        args.seed,
+        stop_when=report,
+        check_every=args.every,
+    )
+    probe(args.workdir / "sft")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
