@@ -32,7 +32,7 @@ from payloads import build_request
 from lightning_otel.collector import span_decoder, span_rows
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import LIVE_WRITE_OPTIONS, Store
-from lightning_otel.collector.wal import WriteAheadLog, read_segment
+from lightning_otel.collector.wal import WriteAheadLog, fsync_path, read_segment
 
 TOKEN_COLUMNS = [column for column, *_ in span_rows.LISTS]
 
@@ -49,14 +49,6 @@ class Clock:
         out = fn(*args)
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.process_time() - started
         return out
-
-
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def convert(clock: Clock, segment: Path, workdir: Path) -> int:
@@ -82,7 +74,7 @@ def convert(clock: Clock, segment: Path, workdir: Path) -> int:
     plain = dict(use_dictionary=False, write_statistics=False, compression="none")
     extra = {
         "pq.write_table alone (live options)": lambda: pq.write_table(table, out, **LIVE_WRITE_OPTIONS),
-        "fsync of that file": lambda: fsync_file(out),
+        "fsync of that file": lambda: fsync_path(out),
         "token list columns alone (as the live options write them)": lambda: pq.write_table(
             table.select(TOKEN_COLUMNS), out, **plain
         ),

@@ -527,7 +527,7 @@ PyDoc_STRVAR(keep_freed_memory_doc,
 
 /* A conversion worker decodes one log segment after another into token buffers of megabytes each.
  * By default glibc unmaps such blocks (or trims the heap) once they are freed, so every segment's
- * buffers are faulted in again as fresh zeroed pages: measured, that was ~40% of decoding a
+ * buffers are faulted in again as fresh zeroed pages: measured, about a third of decoding a
  * training span (BENCHMARKS.md, issue 16). Kept in the heap, they are reused as they are. */
 static PyObject *keep_freed_memory(PyObject *self, PyObject *arg) {
     long max_block = PyLong_AsLong(arg);
@@ -537,7 +537,6 @@ static PyObject *keep_freed_memory(PyObject *self, PyObject *arg) {
         return NULL;
     }
 #ifdef __GLIBC__
-    /* the mmap threshold is capped by glibc (32 MiB on 64-bit hosts): mallopt answers 0 above it */
     return PyBool_FromLong(mallopt(M_MMAP_THRESHOLD, (int)max_block) && mallopt(M_TRIM_THRESHOLD, (int)(2 * max_block)));
 #else
     Py_RETURN_FALSE;

@@ -66,7 +66,7 @@ def keep_freed_memory() -> bool:
     for the next segment instead of faulting in fresh pages each time (see the C file). True if set."""
     if _spans_codec is None or not hasattr(_spans_codec, "keep_freed_memory"):
         return False
-    return _spans_codec.keep_freed_memory(32 * 1024 * 1024)  # glibc's largest mmap threshold on 64-bit
+    return _spans_codec.keep_freed_memory(32 * 1024 * 1024)  # above one request's buffers (20 MiB bodies)
 
 
 def _text_of(raw: bytes) -> str:
