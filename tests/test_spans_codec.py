@@ -252,3 +252,42 @@ def test_a_packed_array_wins_over_a_plain_one_in_either_order(packed_as):
         body = request.SerializeToString()
         assert _fast_batch(body).column("prompt_token_ids").to_pylist() == [[3, 4]]
         assert_same(body)
+
+
+def test_reused_freed_memory_leaves_no_stale_values_or_nulls():
+    # Conversion workers keep freed heap blocks (span_decoder.keep_freed_memory): a request's token
+    # buffers, offsets and null bitmaps then land on bytes an earlier one left behind, not on zeroed
+    # pages. Fill freed memory with set bits first; every row must still hold exactly what was sent.
+    assert span_decoder.keep_freed_memory(), "glibc here: the workers' allocator setting must take"
+    with pytest.raises(ValueError):
+        span_decoder._spans_codec.keep_freed_memory(0)
+    rng = random.Random(7)
+    for _ in range(4):
+        expected_prompts, expected_logprobs = [], []
+        request = ExportTraceServiceRequest()
+        spans = request.resource_spans.add().scope_spans.add().spans
+        for row in range(rng.randrange(9, 70)):
+            span = spans.add(trace_id=rng.randbytes(16), span_id=rng.randbytes(8), name=f"s{row}")
+            prompt = [rng.randrange(-(2**31), 2**31) for _ in range(rng.choice((0, 1, 300, 5000)))]
+            if rng.random() < 0.7:  # else no prompt ids: a null row
+                packed = struct.pack(f"<{len(prompt)}i", *prompt)
+                span.attributes.add(key=schema.PACKED_PROMPT_TOKEN_IDS, value=AnyValue(bytes_value=packed))
+                expected_prompts.append(prompt)
+            else:
+                expected_prompts.append(None)
+            logprobs = [rng.uniform(-30.0, 0.0) for _ in range(rng.randrange(0, 40))]
+            if row % 3:
+                packed = struct.pack(f"<{len(logprobs)}d", *logprobs)
+                span.attributes.add(key=schema.PACKED_COMPLETION_LOGPROBS, value=AnyValue(bytes_value=packed))
+                expected_logprobs.append(logprobs)
+            else:
+                expected_logprobs.append(None)
+        body = request.SerializeToString()
+        for size in (24, 40, 100, 5000, 1 << 20, 8 << 20):  # freed blocks of every size class, all bits set
+            junk = [bytearray(b"\xff" * size) for _ in range(max(1, (16 << 20) // size // 8))]
+            del junk
+        batch = _fast_batch(body)
+        assert batch.column("prompt_token_ids").to_pylist() == expected_prompts
+        assert batch.column("completion_logprobs").to_pylist() == expected_logprobs
+        assert batch.column("completion_token_ids").null_count == len(expected_prompts)
+        assert_same(body)

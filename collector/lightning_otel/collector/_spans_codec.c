@@ -18,6 +18,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "_otlp_wire.h"
 
@@ -518,8 +521,31 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(keep_freed_memory_doc,
+"keep_freed_memory(max_block) -> bool: glibc keeps freed blocks up to max_block bytes (and a free heap\n"
+"top up to twice that) for reuse instead of returning them to the kernel; False where not glibc.");
+
+/* A conversion worker decodes one log segment after another into token buffers of megabytes each.
+ * By default glibc unmaps such blocks (or trims the heap) once they are freed, so every segment's
+ * buffers are faulted in again as fresh zeroed pages: measured, about a third of decoding a
+ * training span (BENCHMARKS.md, issue 16). Kept in the heap, they are reused as they are. */
+static PyObject *keep_freed_memory(PyObject *self, PyObject *arg) {
+    long max_block = PyLong_AsLong(arg);
+    if (max_block == -1 && PyErr_Occurred()) return NULL;
+    if (max_block <= 0 || max_block > INT_MAX / 2) {
+        PyErr_SetString(PyExc_ValueError, "max_block out of range");
+        return NULL;
+    }
+#ifdef __GLIBC__
+    return PyBool_FromLong(mallopt(M_MMAP_THRESHOLD, (int)max_block) && mallopt(M_TRIM_THRESHOLD, (int)(2 * max_block)));
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyMethodDef methods[] = {
     {"decode", decode, METH_VARARGS, decode_doc},
+    {"keep_freed_memory", keep_freed_memory, METH_O, keep_freed_memory_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from lightning_otel.collector.span_decoder import batch_from_body
+from lightning_otel.collector.span_decoder import batch_from_body, keep_freed_memory
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import WriteAheadLog, read_segment
@@ -45,6 +45,12 @@ def convert_segment(store_uri: str, wal_path: str, segment: str, verify: bool = 
         store.write_segment(segment, pa.Table.from_batches(batches, SPANS_SCHEMA))
     os.unlink(wal_path)
     return rows
+
+
+def _init_worker(nice: int) -> None:
+    """Runs first in each worker: a lower priority than the receiver, and freed token buffers kept."""
+    os.nice(nice)
+    keep_freed_memory()
 
 
 def _warm_up(seconds: float) -> None:
@@ -105,7 +111,10 @@ class Pipeline:
         self.retention_hours = retention_hours
         self.executor: Executor = (
             ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn"), initializer=os.nice, initargs=(worker_nice,)
+                workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_worker,
+                initargs=(worker_nice,),
             )
             if workers > 0
             else _InlineExecutor()

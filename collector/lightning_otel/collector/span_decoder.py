@@ -61,6 +61,14 @@ def available() -> bool:
     )
 
 
+def keep_freed_memory() -> bool:
+    """In a process that only converts (a pipeline worker): let the C library keep freed token buffers
+    for the next segment instead of faulting in fresh pages each time (see the C file). True if set."""
+    if _spans_codec is None or not hasattr(_spans_codec, "keep_freed_memory"):
+        return False
+    return _spans_codec.keep_freed_memory(32 * 1024 * 1024)  # above one request's buffers (20 MiB bodies)
+
+
 def _text_of(raw: bytes) -> str:
     return span_rows.as_text(span_rows.any_value(AnyValue.FromString(raw)))
 
