@@ -65,6 +65,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--every", type=int, default=25)
     parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--weight-decay", type=float, default=tool_use.WARM_UP_WEIGHT_DECAY, help="0: the old warm-up")
     parser.add_argument("--plain-prompt", action="store_true", help="no digits or answer phrase in the system turn")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--probe", type=Path, help="only probe this saved model")
@@ -105,6 +106,7 @@ def main() -> int:
         args.learning_rate,
         args.seed,
         stop_when=report,
+        weight_decay=args.weight_decay,
         check_every=args.every,
     )
     probe(args.workdir / "sft")

@@ -116,6 +116,7 @@ def sft_warmup(
     batch_size: int = 16,
     stop_when: Callable[[object, object], bool] | None = None,
     check_every: int = 5,
+    weight_decay: float = 0.0,
 ) -> Path:
     """TRL's SFTTrainer on conversational prompt -> completion pairs (loss on the completion only),
     rendered with the model's chat template and `tools`; saves model and tokenizer to `out`.
@@ -140,6 +141,7 @@ def sft_warmup(
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         learning_rate=learning_rate,
+        weight_decay=weight_decay,
         lr_scheduler_type="constant",
         logging_strategy="no",
         save_strategy="no",
