@@ -79,9 +79,7 @@ def main() -> int:
         calculator_task.INSTRUCTIONS, calculator_task.TOOL_DESCRIPTION = PLAIN_INSTRUCTIONS, PLAIN_DESCRIPTION
     init_seed = args.seed if args.init_seed is None else args.init_seed
     base = tool_use.build_model(args.workdir / "model", init_seed)
-    examples = calculator_task.sft_examples(400, random.Random(args.seed))  # as run.warm_up makes them
-    held_out_rng = random.Random(f"held-out {args.seed}")
-    held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
+    examples, held_out = tool_use.warm_up_data(args.seed)
     began, step = time.perf_counter(), 0
 
     def report(model, tokenizer) -> bool:

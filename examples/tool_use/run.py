@@ -97,12 +97,17 @@ def held_out_solved_share(model, tokenizer, tasks: list[tuple[str, int]], max_to
     return solved / len(tasks)
 
 
+def warm_up_data(seed: int) -> tuple[list[dict], list[tuple[str, int]]]:
+    """The warm-up's SFT examples (400 solved tasks) and the 64 held-out tasks its stopping check runs."""
+    held_out_rng = random.Random(f"held-out {seed}")
+    held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
+    return calculator_task.sft_examples(400, random.Random(seed)), held_out
+
+
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
     """SFT on solved rollouts, stopped at the first check (every 5 steps) where the model solves at
     least WARM_UP_SOLVED of held-out tasks: it has the call's format, and copies only sometimes."""
-    examples = calculator_task.sft_examples(400, random.Random(seed))
-    held_out_rng = random.Random(f"held-out {seed}")
-    held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
+    examples, held_out = warm_up_data(seed)
 
     def solves_enough(model, tokenizer) -> bool:
         return held_out_solved_share(model, tokenizer, held_out) >= WARM_UP_SOLVED
