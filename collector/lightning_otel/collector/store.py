@@ -17,6 +17,7 @@ import os
 import threading
 import urllib.parse
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -24,7 +25,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from lightning_otel.collector.span_rows import SPANS_SCHEMA
+from lightning_otel.collector import list_pages
+from lightning_otel.collector.span_rows import LISTS, SPANS_SCHEMA
 from lightning_otel.collector.wal import fsync_path
 
 SPANS_DIR = "spans"
@@ -61,6 +63,7 @@ _STATISTICS_COLUMNS = [
     "task_id",
     "policy_version",
 ]
+LIST_COLUMNS = [column for column, *_ in LISTS]
 _UNCOMPRESSED = {
     "prompt_token_ids.list.element",
     "completion_token_ids.list.element",
@@ -113,18 +116,27 @@ class Store:
         prefix = self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
         return f"{prefix}/**/*.parquet"
 
-    def write(self, table: pa.Table, path: str, options: dict | None = None) -> None:
+    def write(self, table: pa.Table, path: str, options: dict | None = None, list_columns: Sequence[str] = ()) -> None:
+        """Write `table` to `path` whole; `list_columns` (flat lists) go through list_pages when it can."""
         options = options or WRITE_OPTIONS
+        parts = list_pages.encode(table, list_columns, **options) if list_columns else None
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
-            pq.write_table(table, tmp, **options)
-            with open(tmp, "rb") as handle:
-                os.fsync(handle.fileno())
+            if parts is None:
+                pq.write_table(table, tmp, **options)
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
+            else:
+                _write_parts(tmp, parts)
             os.replace(tmp, path)
             fsync_path(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
-        else:
+        elif parts is None:
             pq.write_table(table, path, filesystem=self.fs, **options)
+        else:
+            with self.fs.open_output_stream(path) as stream:
+                for part in parts:
+                    stream.write(part)
 
     def ensure_schema_file(self) -> None:
         path = f"{self.spans_root}/{SCHEMA_FILE}"
@@ -167,6 +179,26 @@ class Store:
         written = []
         for (service, hour), rows in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
             path = f"{self.partition_dir(service, hour)}/part-{segment}.parquet"
-            self.write(table if rows is None else table.take(pa.array(rows)), path, LIVE_WRITE_OPTIONS)
+            part = table if rows is None else table.take(pa.array(rows))
+            # Token/logprob columns with values go through list_pages (a third of pyarrow's time);
+            # all-null ones (observability spans) cost pyarrow nothing.
+            lists = [c for c in LIST_COLUMNS if part.column(c).null_count < len(part)]
+            self.write(part, path, LIVE_WRITE_OPTIONS, lists)
             written.append(path)
         return written
+
+
+def _write_parts(path: str, parts: list) -> None:
+    """Write buffers to a new file in order, then fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pending = [view for view in (memoryview(part).cast("B") for part in parts) if len(view)]
+        while pending:
+            done = os.writev(fd, pending[:1024])  # IOV_MAX
+            while pending and done >= len(pending[0]):
+                done -= len(pending.pop(0))
+            if done:
+                pending[0] = pending[0][done:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
