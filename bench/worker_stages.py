@@ -7,8 +7,9 @@ Builds the payload's requests (bench/payloads.py, fresh ids per request), append
 write-ahead log (32 MiB segments, as the collector closes them) and converts every segment the way
 pipeline.convert_segment does, in this one process, timing each step with this process's CPU clock
 (user + system, so page faults and the kernel's copies count; other work on the machine counts less
-than in wall time). The Parquet write is also repeated on two column subsets, token lists alone and
-everything else, and with the live files' compression turned off, to show what each part costs.
+than in wall time). The Parquet write is also repeated with pyarrow alone (as before list_pages), on
+two column subsets (token lists alone, everything else), with compression off, and as list_pages'
+buffers alone, to show what each part costs.
 `--keep-freed-memory` applies the workers' allocator setting (span_decoder.keep_freed_memory) first.
 """
 
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 from collector_ingest import PAYLOADS, variants
 from payloads import build_request
 
-from lightning_otel.collector import span_decoder, span_rows
+from lightning_otel.collector import list_pages, span_decoder, span_rows
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import LIVE_WRITE_OPTIONS, Store
 from lightning_otel.collector.wal import WriteAheadLog, fsync_path, read_segment
@@ -73,15 +74,20 @@ def convert(clock: Clock, segment: Path, workdir: Path) -> int:
     }
     plain = dict(use_dictionary=False, write_statistics=False, compression="none")
     extra = {
-        "pq.write_table alone (live options)": lambda: pq.write_table(table, out, **LIVE_WRITE_OPTIONS),
+        "list_pages.encode alone (the live file's buffers, not written)": lambda: list_pages.encode(
+            table, TOKEN_COLUMNS, **LIVE_WRITE_OPTIONS
+        ),
+        "pq.write_table alone, pyarrow for every column (live options)": lambda: pq.write_table(
+            table, out, **LIVE_WRITE_OPTIONS
+        ),
         "fsync of that file": lambda: fsync_path(out),
-        "token list columns alone (as the live options write them)": lambda: pq.write_table(
+        "token list columns alone, pyarrow's writer (options as live)": lambda: pq.write_table(
             table.select(TOKEN_COLUMNS), out, **plain
         ),
         "all other columns alone": lambda: pq.write_table(
             table.select(rest), out, **{**LIVE_WRITE_OPTIONS, "compression": rest_compression}
         ),
-        "live options, compression none (not used)": lambda: pq.write_table(
+        "pyarrow alone, live options, compression none (not used)": lambda: pq.write_table(
             table, out, **{**LIVE_WRITE_OPTIONS, "compression": "none"}
         ),
     }
