@@ -126,7 +126,23 @@ def test_segment_files_compact_with_files_pyarrow_wrote(tmp_path):
     view = connect(store.uri).execute(f"SELECT trace_id, {', '.join(LIST_COLUMNS)} FROM spans").fetchall()
     assert {r[0]: dict(zip(LIST_COLUMNS, r[1:])) for r in view} == expected
     compacted = compact_files(store.uri, [new_path, old_path], new_path.rsplit("/", 1)[0])
+    assert _written_by_list_pages(compacted) and _sizes_add_up(compacted)
     assert rows_of(pq.read_table(compacted, schema=SPANS_SCHEMA)) == expected
+    codecs = pq.ParquetFile(compacted).metadata.row_group(0)
+    codecs = {codecs.column(i).path_in_schema: codecs.column(i).compression for i in range(codecs.num_columns)}
+    assert codecs["name"] == "ZSTD" and codecs["prompt_token_ids.list.element"] == "UNCOMPRESSED"
+
+
+def test_object_store_path_writes_the_same_file(tmp_path):
+    """A store given as a URI writes through a pyarrow output stream, not the local rename path."""
+    store = Store(f"file://{tmp_path}/data")
+    assert not store.is_local
+    table = _table(25, seed=6, prefix="u")
+    # an object store needs no directories; pyarrow's local file system under a URI does
+    store.fs.create_dir(store.partition_dir("svc", START_US // 3_600_000_000))
+    [path] = store.write_segment("0003", table)
+    assert _written_by_list_pages(path)
+    assert pq.read_table(path, schema=SPANS_SCHEMA).to_pylist() == table.to_pylist()
 
 
 def test_rows_it_does_not_write_go_to_pyarrow(tmp_path):

@@ -136,7 +136,8 @@ def _column_pages(column: pa.ChunkedArray, field: pa.Field) -> list[_Page] | Non
 def encode(table: pa.Table, columns: Sequence[str], **write_options) -> list | None:
     """The bytes of a Parquet file of `table`, as a list of buffers to write in order, with
     `columns` (flat-list columns) written here and the rest by pyarrow with `write_options`.
-    None when a column holds what this writer does not: then write the table with pyarrow alone."""
+    None when a column holds what this writer does not, or pyarrow's footer is not one it can edit
+    (not one row group): then write the table with pyarrow alone."""
     pages = {}
     for name in columns:
         column_pages = _column_pages(table.column(name), table.schema.field(name))
@@ -154,10 +155,13 @@ def encode(table: pa.Table, columns: Sequence[str], **write_options) -> list | N
     written = sink.getvalue()
     footer_size = int.from_bytes(written[-8:-4].to_pybytes(), "little")
     data_end = len(written) - 8 - footer_size
-    footer, _ = tc.read_struct(written[data_end:-8].to_pybytes())
+    try:
+        footer, _ = tc.read_struct(written[data_end:-8].to_pybytes())
+    except tc.ThriftError:
+        return None  # not a footer this module can edit: pyarrow writes the whole file instead
     row_groups = footer[4][1][1]
     if len(row_groups) != 1:
-        raise ValueError(f"expected one row group, pyarrow wrote {len(row_groups)}")
+        return None
     row_group = row_groups[0]
     chunks = row_group[1][1][1]
     paths = [".".join(p.decode() for p in chunk[3][1][3][1][1]) for chunk in chunks]

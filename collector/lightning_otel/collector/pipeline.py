@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 
 from lightning_otel.collector.span_decoder import batch_from_body, keep_freed_memory
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
-from lightning_otel.collector.store import Store
+from lightning_otel.collector.store import Store, lists_with_values
 from lightning_otel.collector.wal import WriteAheadLog, read_segment
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def compact_files(store_uri: str, paths: list[str], target_dir: str) -> str:
     tables = [pq.read_table(p, filesystem=store.fs, schema=SPANS_SCHEMA) for p in paths]
     merged = dedupe(pa.concat_tables(tables))
     out = f"{target_dir}/compact-{secrets.token_hex(8)}.parquet"
-    store.write(merged, out)
+    store.write(merged, out, list_columns=lists_with_values(merged))
     return out
 
 

@@ -180,12 +180,15 @@ class Store:
         for (service, hour), rows in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
             path = f"{self.partition_dir(service, hour)}/part-{segment}.parquet"
             part = table if rows is None else table.take(pa.array(rows))
-            # Token/logprob columns with values go through list_pages (a third of pyarrow's time);
-            # all-null ones (observability spans) cost pyarrow nothing.
-            lists = [c for c in LIST_COLUMNS if part.column(c).null_count < len(part)]
-            self.write(part, path, LIVE_WRITE_OPTIONS, lists)
+            self.write(part, path, LIVE_WRITE_OPTIONS, lists_with_values(part))
             written.append(path)
         return written
+
+
+def lists_with_values(table: pa.Table) -> list[str]:
+    """The token/logprob columns for list_pages: those with values. All-null ones (observability
+    spans) cost pyarrow next to nothing, so they stay with it."""
+    return [column for column in LIST_COLUMNS if table.column(column).null_count < len(table)]
 
 
 def _write_parts(path: str, parts: list) -> None:
