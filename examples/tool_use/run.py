@@ -128,17 +128,10 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
 
 def run_agent(iteration: training_loop.Iteration) -> int:
     tasks = [calculator_task.make_task(iteration.rng) for _ in range(iteration.tasks)]
-    iteration.run_script(
-        HERE / "calculator_agent.py",
-        "--base-url",
-        iteration.base_url,
-        "--model",
-        iteration.model,
-        "--tasks",
-        ";".join(f"{question}={result}" for question, result in tasks),
-        "--rollouts",
-        str(iteration.rollouts_per_task),
-    )
+    agent_args = ("--base-url", iteration.base_url, "--model", iteration.model)
+    rollouts = ("--rollouts", str(iteration.rollouts_per_task))
+    work = ";".join(f"{question}={result}" for question, result in tasks)
+    iteration.ask_agent(HERE / "calculator_agent.py", agent_args + rollouts, work)
     return len(tasks) * iteration.rollouts_per_task
 
 
