@@ -25,12 +25,14 @@ import calculator_task  # noqa: E402
 import training_loop  # noqa: E402
 
 
-def build_model(out: Path, seed: int) -> Path:
+def build_model(out: Path, seed: int, kv_heads: int = 1) -> Path:
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
     # The prompt's fixed text in the tokenizer's corpus: the system turn takes fewer tokens.
     extra = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema()), "The answer is"] * 50
-    return build_tiny_model(out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True)
+    return build_tiny_model(
+        out, seed=seed, vocab_size=1024, kv_heads=kv_heads, tool_calls=True, extra_text=extra, merge_words=True
+    )
 
 
 def held_out_solved_share(model, tokenizer, tasks: list[tuple[str, int]], max_tokens: int = 40) -> float:
