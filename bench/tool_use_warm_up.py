@@ -5,17 +5,19 @@ held-out check, printed every K steps, for one seed and one initialization.
     python bench/tool_use_warm_up.py --seed 1 --init-seed 1001 ...     # the same data, another initialization
     python bench/tool_use_warm_up.py --seed 1 --plain-prompt ...        # a system turn without "12 * 34" / "The answer is"
     python bench/tool_use_warm_up.py --probe DIR/sft                     # a saved model: p(copied digit) by position
+    python bench/tool_use_warm_up.py --seed 2 --kv-heads 2 --probe-each-check ...   # another model, probed as it learns
 
 Each line (on stderr: TRL's run hides stdout): the step and the held-out solved share
 (`run.held_out_solved_share`, the warm-up's stopping check); then the probe of the final model.
-`--probe` prints, teacher-forced over 64 solved conversations, the mean probability of the right digit
-at each of the four digits the call copies from the question and the four the answer copies from the tool.
+`--probe` (and `--probe-each-check`, at every check) prints `run.copy_probabilities` over the seed's
+64 held-out tasks (teacher-forced, solved conversations): the mean probability of the right digit at
+each of the four digits the call copies from the question and the four the answer copies from the tool.
+`--probe DIR/sft --seed S`: S must be the run's seed (its held-out tasks).
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from pathlib import Path
@@ -31,31 +33,16 @@ PLAIN_INSTRUCTIONS = "Use the calculator tool, then reply with its result."
 PLAIN_DESCRIPTION = "Evaluate an arithmetic expression over integers: add, subtract, multiply."
 
 
-def probe(model_dir: Path) -> None:
-    import torch
+def load(model_dir: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    tools = [calculator_task.tool_schema()]
-    digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
-    examples = calculator_task.sft_examples(64, random.Random(999))
-    for kind, part in (("call", examples[0::2]), ("answer", examples[1::2])):
-        rows = []
-        for example in part:
-            prompt, full = (
-                tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **extra))
-                for messages, extra in (
-                    (example["prompt"], {"add_generation_prompt": True}),
-                    (example["prompt"] + example["completion"], {}),
-                )
-            )
-            with torch.no_grad():
-                logprobs = model(torch.tensor([full])).logits[0].log_softmax(-1)
-            completion = range(len(prompt), len(full))
-            rows.append([logprobs[t - 1, full[t]].exp().item() for t in completion if full[t] in digits][:4])
-        means = [sum(row[k] for row in rows) / len(rows) for k in range(4)]
-        print(f"{kind}: mean p(right digit) at digits 1-4: " + " ".join(f"{m:.2f}" for m in means))
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def probe(model, tokenizer, tasks, out=sys.stdout) -> None:
+    means = tool_use.copy_probabilities(model, tokenizer, tasks)
+    for kind, four in (("call", means[:4]), ("answer", means[4:])):
+        print(f"{kind}: mean p(right digit) at digits 1-4: " + " ".join(f"{m:.2f}" for m in four), file=out)
 
 
 def main() -> int:
@@ -69,17 +56,20 @@ def main() -> int:
     parser.add_argument("--plain-prompt", action="store_true", help="no digits or answer phrase in the system turn")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--probe", type=Path, help="only probe this saved model")
+    parser.add_argument("--kv-heads", type=int, default=1, help="2: each attention head its own keys and values")
+    parser.add_argument("--probe-each-check", action="store_true", help="also probe at every check")
     args = parser.parse_args()
+    _, held_out = tool_use.warm_up_data(args.seed)
     if args.probe:
-        probe(args.probe)
+        probe(*load(args.probe), held_out)
         return 0
     if args.workdir is None:
         parser.error("--workdir is required")
     if args.plain_prompt:
         calculator_task.INSTRUCTIONS, calculator_task.TOOL_DESCRIPTION = PLAIN_INSTRUCTIONS, PLAIN_DESCRIPTION
     init_seed = args.seed if args.init_seed is None else args.init_seed
-    base = tool_use.build_model(args.workdir / "model", init_seed)
-    examples, held_out = tool_use.warm_up_data(args.seed)
+    base = tool_use.build_model(args.workdir / "model", init_seed, kv_heads=args.kv_heads)
+    examples, _ = tool_use.warm_up_data(args.seed)
     began, step = time.perf_counter(), 0
 
     def report(model, tokenizer) -> bool:
@@ -92,6 +82,8 @@ def main() -> int:
             file=sys.stderr,
             flush=True,
         )
+        if args.probe_each_check:
+            probe(model, tokenizer, held_out, out=sys.stderr)
         return False
 
     tools = [calculator_task.tool_schema()]
@@ -107,7 +99,7 @@ def main() -> int:
         weight_decay=args.weight_decay,
         check_every=args.every,
     )
-    probe(args.workdir / "sft")
+    probe(*load(args.workdir / "sft"), held_out)
     return 0
 
 

@@ -24,41 +24,16 @@ import json
 import os
 import random
 import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent_process import AgentProcess, Iteration  # examples name training_loop.Iteration
+
 ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>10} | {:>11} | {:>6} | {:>6}"
 HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "one-sample", "mean reward", "solved", "swap s")
-
-
-@dataclass
-class Iteration:
-    """What an example's agent needs to run one iteration's rollouts."""
-
-    number: int
-    base_url: str  # vLLM's OpenAI-compatible API
-    model: str  # the served model name
-    rng: random.Random  # draws this iteration's tasks (seeded by --seed)
-    tasks: int
-    rollouts_per_task: int
-    workdir: Path
-    otlp_endpoint: str
-
-    def run_script(self, script: Path, *args: str) -> None:
-        """Run an agent script with OTLP pointed at the collector; its output goes to agent.log."""
-        env = {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.otlp_endpoint}
-        log_path = self.workdir / "agent.log"
-        with open(log_path, "a") as log:
-            log.write(f"--- iteration {self.number}\n")
-            log.flush()
-            done = subprocess.run([sys.executable, str(script), *args], env=env, stdout=log, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
-            tail = log_path.read_text()[-3000:]
-            raise RuntimeError(f"{script.name} exited with code {done.returncode}; {log_path} ends:\n{tail}")
 
 
 @dataclass
@@ -330,6 +305,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         extra_args=shlex.split(args.vllm_args),
     )
     rng = random.Random(args.seed)
+    agents: dict[tuple, AgentProcess] = {}
     try:
         print(f"starting collector and vLLM (logs in {workdir})", flush=True)
         collector.start()
@@ -352,6 +328,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
                 args.rollouts_per_task,
                 workdir,
                 collector.traces_endpoint,
+                agents,
             )
             expected = example.run_agent(iteration)
             rollouts, calls, mean_reward, solved = wait_for_rollouts(data_dir, since, expected)
@@ -392,5 +369,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         print("interrupted; stopping everything the example started", file=sys.stderr)
         return 130
     finally:
+        for agent in agents.values():
+            agent.stop()
         vllm.stop()
         collector.stop()

@@ -5,14 +5,19 @@ Nothing here is written for training except three calls: `lightning_otel.instrum
 talks to vLLM through the OpenAI SDK's chat completions; vLLM's `hermes` parser turns the model's
 `<tool_call>` text into tool calls, the SDK runs the tool and sends its result back.
 
-    python examples/tool_use/calculator_agent.py --base-url http://127.0.0.1:8000/v1 \
-        --tasks "What is 37 * 48?=1776" --rollouts 4
+It runs as a small service: each line on stdin is one batch of tasks (`QUESTION=RESULT` pairs joined
+by `;`); it runs `--rollouts` rollouts of each, exports their spans and prints one line with the mean
+reward. It ends at the end of its input, so the SDK's imports are paid once, not once per batch.
+
+    echo "What is 37 * 48?=1776" | python examples/tool_use/calculator_agent.py \
+        --base-url http://127.0.0.1:8000/v1 --rollouts 4
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
 import calculator_task  # this example's task, beside this file
 import openai
@@ -63,11 +68,22 @@ async def run_all(agent: Agent, jobs: list[tuple[str, int]], max_turns: int, con
     return await asyncio.gather(*(one(question, result) for question, result in jobs))
 
 
+def parse_tasks(line: str) -> list[tuple[str, int]]:
+    return [(question, int(result)) for question, result in (task.rsplit("=", 1) for task in line.split(";"))]
+
+
+async def serve(agent: Agent, instrumentation, rollouts: int, max_turns: int, concurrency: int) -> None:
+    while line := (await asyncio.to_thread(sys.stdin.readline)).strip():
+        jobs = [task for task in parse_tasks(line) for _ in range(rollouts)]
+        rewards = await run_all(agent, jobs, max_turns, concurrency)
+        await asyncio.to_thread(instrumentation.flush)
+        print(f"{len(rewards)} rollouts, mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", default="policy")
-    parser.add_argument("--tasks", required=True, help="';'-separated QUESTION=RESULT pairs")
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per task (the GRPO group size)")
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--max-turns", type=int, default=3)
@@ -76,11 +92,7 @@ def main(argv: list[str] | None = None) -> None:
 
     instrumentation = lightning_otel.instrument(service_name="tool-use-agent")
     agent = make_agent(args.base_url, args.model, args.max_tokens)
-    tasks = [(question, int(result)) for question, result in (task.rsplit("=", 1) for task in args.tasks.split(";"))]
-    jobs = [task for task in tasks for _ in range(args.rollouts)]
-    rewards = asyncio.run(run_all(agent, jobs, args.max_turns, args.concurrency))
-    instrumentation.flush()
-    print(f"tool-use agent: {len(rewards)} rollouts, mean reward {sum(rewards) / len(rewards):.3f}")
+    asyncio.run(serve(agent, instrumentation, args.rollouts, args.max_turns, args.concurrency))
 
 
 if __name__ == "__main__":

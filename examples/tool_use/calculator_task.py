@@ -72,18 +72,18 @@ def tool_schema() -> dict:
     }
 
 
+def solved_conversation(question: str, result: int) -> list[dict]:
+    """Two prompt -> completion pairs: the call with the question's expression, and the answer that
+    reports the tool's result."""
+    arguments = {"expression": expression_of(question)}
+    call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
+    start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
+    calling = {"role": "assistant", "content": None, "tool_calls": [call]}
+    answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
+    reply = {"role": "assistant", "content": f"The answer is {result}."}
+    return [{"prompt": start, "completion": [calling]}, {"prompt": answered, "completion": [reply]}]
+
+
 def sft_examples(count: int, rng: random.Random) -> list[dict]:
-    """Prompt -> completion pairs, two per task: the call with the question's expression, and the
-    answer that reports the tool's result."""
-    examples = []
-    for _ in range(count):
-        question, result = make_task(rng)
-        arguments = {"expression": expression_of(question)}
-        call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
-        start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
-        calling = {"role": "assistant", "content": None, "tool_calls": [call]}
-        examples.append({"prompt": start, "completion": [calling]})
-        answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
-        reply = {"role": "assistant", "content": f"The answer is {result}."}
-        examples.append({"prompt": answered, "completion": [reply]})
-    return examples
+    """`solved_conversation`'s two pairs for each of `count` tasks."""
+    return [pair for _ in range(count) for pair in solved_conversation(*make_task(rng))]
