@@ -52,7 +52,7 @@ test: system browser node lint
 	$(PY) -m pytest -q
 
 demo: system setup
-	$(PY) examples/digit_sum/run.py
+	$(PY) examples/tool_use/run.py
 
 clean:
 	rm -rf $(VENV) demo-runs

@@ -2,7 +2,7 @@
 
 - `tiny_model_dir`: the offline tiny model, built once per session.
 - `vllm_server`: one real vLLM(-cpu) server for the whole session (~30 s, ~3 GB to start).
-- `demo_run`: one real demo run (`examples/digit_sum/run.py`), small (SFT warm-up, 2 train/swap iterations), whose
+- `demo_run`: one real run of the digit_sum example (`examples/digit_sum/run.py`), small (SFT warm-up, 2 train/swap iterations), whose
   trace store the dashboard, Grafana and report tests read (~1.5 min, its own vLLM).
 - `session_collector` + `instrumented`: a real collector process, and this test process's
   `lightning_otel.instrument()` exporting to it (instrument() is once per process by design).

@@ -1,4 +1,4 @@
-"""`lightning-otel dashboard` in a real browser, against the trace store of a real demo run.
+"""`lightning-otel dashboard` in a real browser, against the trace store of a real run of the digit_sum example (`demo_run`).
 
 The server runs as its own process on a free loopback port; Debian's Chromium is driven by
 Playwright. Every check compares what the page shows with SQL (or Python) computed here over the

@@ -1,4 +1,6 @@
-"""The demo (`examples/digit_sum/run.py`) end to end, and its clean shutdown on Ctrl-C. Each run starts its own vLLM."""
+"""The demo (`make demo`: `examples/tool_use/run.py`) stops everything it started on Ctrl-C, and an example
+run's printed rows agree with its trace store (the session's `demo_run`: the digit_sum example, whose
+store the dashboard, report and Grafana tests read). Each run starts its own vLLM."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     return subprocess.Popen(
         [
             sys.executable,
-            str(EXAMPLES / "digit_sum" / "run.py"),
+            str(EXAMPLES / "tool_use" / "run.py"),
             "--workdir",
             str(workdir),
             "--iterations",
@@ -39,6 +41,8 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
             "2",
             "--rollouts-per-task",
             "2",
+            "--sft-steps",
+            "5",  # the loop, not the learning: a short warm-up
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -49,8 +53,8 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
     )
 
 
-def test_demo_prints_a_row_per_iteration_a_reward_table_and_stops_everything(demo_run):
-    """The session's demo run (conftest: 2 iterations, 4 tasks x 4 rollouts) against its own store."""
+def test_an_example_run_prints_a_row_per_iteration_a_reward_table_and_stops_everything(demo_run):
+    """The session's digit_sum run (conftest: 2 iterations, 4 tasks x 4 rollouts) against its own store."""
     from lightning_otel.collector import connect
 
     lines = demo_run.output.splitlines()
@@ -90,11 +94,14 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path):
     while time.monotonic() < deadline:
         line = process.stdout.readline()
         seen += line
-        if line.startswith("iter |") or not line:
+        if line.startswith("   1 |") or not line:  # the first iteration's row: the agent process is up too
             break
-    assert "iter |" in seen, seen
+    assert "   1 |" in seen, seen
     assert len(_processes_mentioning(str(tmp_path))) >= 2  # collector and vLLM are up
+    agent = _processes_mentioning("calculator_agent.py")
+    assert len(agent) == 1  # the agent, kept across iterations (its command line names no workdir)
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=120)
     assert process.returncode == 130, seen + rest
     assert _processes_mentioning(str(tmp_path)) == []
+    assert not Path(f"/proc/{agent[0]}").exists()

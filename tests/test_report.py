@@ -2,7 +2,7 @@
 --steps selects the right window, the CLI works and fails clearly.
 
 Two stores: a small synthetic one whose every number is known (window semantics), and the
-output of a real demo run (`examples/digit_sum/run.py`) (the `demo_run` fixture in conftest.py).
+output of a real run of the digit_sum example (`examples/digit_sum/run.py`) (the `demo_run` fixture in conftest.py).
 """
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ EXAMPLE = training_loop.Example(
     warm_up=warm_up,
     run_agent=run_agent,
     tool_call_parser="hermes",
-    defaults={"iterations": 40, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 600, "learning_rate": 3e-4},
+    defaults={"iterations": 60, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 600, "learning_rate": 3e-4},
 )
 
 if __name__ == "__main__":
