@@ -25,18 +25,9 @@ _PLAIN, _RLE, _DATA_PAGE, _UNCOMPRESSED = 0, 3, 0, 0
 _MAGIC = b"PAR1"
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _run(value: int, count: int) -> bytes:
     """One RLE run of the hybrid encoding, for levels of at most 8 bits."""
-    return _varint(count << 1) + bytes((value,))
+    return tc.varint(count << 1) + bytes((value,))
 
 
 class _Page:

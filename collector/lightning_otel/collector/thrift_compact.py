@@ -112,6 +112,13 @@ def _put_varint(out: bytearray, n: int) -> None:
     out.append(n)
 
 
+def varint(n: int) -> bytes:
+    """An unsigned LEB128 varint (compact protocol; also Parquet's RLE run headers)."""
+    out = bytearray()
+    _put_varint(out, n)
+    return bytes(out)
+
+
 def _zigzag(n: int) -> int:
     return (n << 1) ^ (n >> 63)
 
