@@ -236,6 +236,7 @@ class VLLMEndpoints:
         self._headers: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._poller: threading.Thread | None = None
+        self._refreshed_at = 0.0
 
     @staticmethod
     def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
@@ -282,10 +283,23 @@ class VLLMEndpoints:
     def _poll(self) -> None:
         while True:
             time.sleep(self.version_poll_s)
-            for base, headers in list(self._headers.items()):
-                version = self._read_version(base, headers)
-                if version is not None:
-                    self._versions[base] = version
+            self._read_versions()
+
+    def _read_versions(self) -> None:
+        for base, headers in list(self._headers.items()):
+            version = self._read_version(base, headers)
+            if version is not None:
+                self._versions[base] = version
+
+    def refresh(self, max_age_s: float = 0.05) -> None:
+        """Re-read the known servers' weight versions now, unless this ran within `max_age_s`.
+        `rollout()` calls it: in a long-running agent, a rollout started after a swap then carries
+        the new version from its first call instead of the old one until the next poll."""
+        now = time.monotonic()
+        if not self._headers or now - self._refreshed_at < max_age_s:
+            return
+        self._refreshed_at = now
+        self._read_versions()
 
     def weight_version(self, base_url: str) -> str | None:
         """The last weight version seen for this server (None if it does not say)."""

@@ -24,6 +24,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from lightning_otel.core import gen_ai, schema
+from lightning_otel.core.vllm_endpoint import ENDPOINTS
 from lightning_otel.instrumentation.options import STATE
 
 _TRACER_NAME = "lightning_otel"
@@ -81,6 +82,7 @@ def rollout(
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
     chosen = STATE.options
+    ENDPOINTS.refresh()  # the served version as the rollout starts, not as of the last poll
     current = Rollout(
         rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
         task_id=chosen.check_id("task_id", str(task_id)),
