@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def agent_failed(script: Path, code: int, log_path: Path) -> RuntimeError:
+    """The error for an agent script that exited: its code and the end of its log."""
+    return RuntimeError(f"{script.name} exited with code {code}; {log_path} ends:\n{log_path.read_text()[-3000:]}")
+
+
 class AgentProcess:
     """An agent script kept running across iterations, for agents whose imports and setup take seconds
     (the OpenAI Agents SDK's take ~2.5 s here, a quarter of a small iteration). The script reads one
@@ -39,9 +44,7 @@ class AgentProcess:
         except BrokenPipeError:
             answer = ""
         if not answer:
-            code = self.process.wait(timeout=10)
-            tail = self.log_path.read_text()[-3000:]
-            raise RuntimeError(f"{self.script.name} exited with code {code}; {self.log_path} ends:\n{tail}")
+            raise agent_failed(self.script, self.process.wait(timeout=10), self.log_path)
         return answer.strip()
 
     def stop(self) -> None:
@@ -86,8 +89,7 @@ class Iteration:
                 [sys.executable, str(script), *args], env=self._agent_env(), stdout=log, stderr=subprocess.STDOUT
             )
         if done.returncode != 0:
-            tail = log_path.read_text()[-3000:]
-            raise RuntimeError(f"{script.name} exited with code {done.returncode}; {log_path} ends:\n{tail}")
+            raise agent_failed(script, done.returncode, log_path)
 
     def ask_agent(self, script: Path, args: tuple[str, ...], work: str) -> str:
         """Give this iteration's `work` to `script` started once with `args` (`AgentProcess`)."""
