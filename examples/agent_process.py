@@ -17,11 +17,16 @@ def agent_failed(script: Path, code: int, log_path: Path) -> RuntimeError:
     return RuntimeError(f"{script.name} exited with code {code}; {log_path} ends:\n{log_path.read_text()[-3000:]}")
 
 
+# The line that ends an agent's answer to one line of work starts with this; any other line it (or a
+# library in it) prints to stdout goes to agent.log, so a stray print cannot pass for an answer.
+ANSWER_PREFIX = "@answer "
+
+
 class AgentProcess:
     """An agent script kept running across iterations, for agents whose imports and setup take seconds
     (the OpenAI Agents SDK's take ~2.5 s here, a quarter of a small iteration). The script reads one
-    line of work from stdin per iteration and writes one line to stdout once that work's rollouts are
-    done and their spans exported; its other output goes to agent.log."""
+    line of work from stdin per iteration and prints one line starting with ANSWER_PREFIX once that
+    work's rollouts are done and their spans exported; its other output goes to agent.log."""
 
     def __init__(self, script: Path, args: tuple[str, ...], env: dict[str, str], log_path: Path):
         self.script, self.log_path = script, log_path
@@ -36,16 +41,18 @@ class AgentProcess:
             )
 
     def request(self, work: str) -> str:
-        """Send one line of work; return the agent's one-line answer."""
+        """Send one line of work; return the agent's answer line, without ANSWER_PREFIX."""
         try:
             self.process.stdin.write(work + "\n")
             self.process.stdin.flush()
-            answer = self.process.stdout.readline()
+            while (line := self.process.stdout.readline()) and not line.startswith(ANSWER_PREFIX):
+                with open(self.log_path, "a") as log:
+                    log.write(line)
         except BrokenPipeError:
-            answer = ""
-        if not answer:
+            line = ""
+        if not line:
             raise agent_failed(self.script, self.process.wait(timeout=10), self.log_path)
-        return answer.strip()
+        return line.removeprefix(ANSWER_PREFIX).strip()
 
     def stop(self) -> None:
         """Close its stdin (the agent's signal to finish) and wait; kill it if it does not end."""

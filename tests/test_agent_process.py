@@ -1,5 +1,5 @@
 """The examples' long-running agent process (`training_loop.AgentProcess`): one line of work in, one
-line of answer out, per iteration, from the same process; a script that dies gets a clear error with
+answer line out (other stdout lines go to its log), per iteration, from the same process; a script that dies gets a clear error with
 the end of its log, and stopping it ends it. Real child processes running small scripts."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ ANSWERS = """
 import os, sys
 for n, line in enumerate(sys.stdin):
     print(f"work {line.strip()!r}", file=sys.stderr, flush=True)
-    print(f"{os.getpid()} {n} {line.strip().upper()}", flush=True)
+    print("a library printing to stdout", flush=True)
+    print(f"@answer {os.getpid()} {n} {line.strip().upper()}", flush=True)
 """
 DIES = """
 import sys
@@ -44,7 +45,9 @@ def test_each_work_line_gets_its_answer_from_one_process(tmp_path):
     assert (number, text) == ("0", "A=1")
     assert second.split() == [pid, "1", "B=2"]  # the same process, its second line
     assert agent.process.returncode == 0  # closing its stdin ended it
-    assert "work 'b=2'" in (tmp_path / "agent.log").read_text()  # its stderr goes to the log
+    log = (tmp_path / "agent.log").read_text()
+    assert "work 'b=2'" in log  # its stderr goes to the log ...
+    assert log.count("a library printing to stdout") == 2  # ... and so do stdout lines that are not answers
 
 
 def test_an_agent_that_dies_is_reported_with_its_exit_code_and_log(tmp_path):
