@@ -162,20 +162,14 @@ def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) ->
     return warm
 
 
-_CONNECTIONS: dict[Path, object] = {}
-
-
 def wait_for(
     data_dir: Path, query: str, ready: Callable[[tuple], bool], what: str, timeout_s: float, params=()
 ) -> tuple:
     """Poll `query` until `ready(row)`; returns the row. The views re-list the Parquet files at each
-    query, so one connection sees what the collector adds, and one per store serves every poll:
-    connecting reads every file's schema (about 1 s after 10 minutes of iterations here)."""
+    query, so one connection sees what the collector adds."""
     from lightning_otel.collector import connect
 
-    if data_dir not in _CONNECTIONS:  # the collector has written its schema file by now: views over the files
-        _CONNECTIONS[data_dir] = connect(data_dir)
-    conn = _CONNECTIONS[data_dir]
+    conn = connect(data_dir)
     deadline = time.monotonic() + timeout_s
     while not ready(row := conn.execute(query, list(params)).fetchone()):
         if time.monotonic() > deadline:
