@@ -365,9 +365,10 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         print(f"\n{done} iterations in {time.monotonic() - loop_began:.0f} s")
         _wait_for_train_spans(data_dir, done)
         print_summary(data_dir)
+        from lightning_otel.collector.query import retry_vanished_files
         from lightning_otel.dashboards.report import write_report
 
-        report = write_report(data_dir, workdir / "report")
+        report = retry_vanished_files(lambda: write_report(data_dir, workdir / "report"))
         print(f"\ndone in {time.perf_counter() - began:.0f} s; traces in {data_dir}")
         print(f"report:    {report}")
         print(
