@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("extra", nargs="*", help="more flags for run.py (after --)")
     args = parser.parse_args()
 
-    summary = []
+    summary, first3_means = [], []
     for seed in args.seeds:
         workdir = Path(args.workdir) / f"seed-{seed}"
         command = [
@@ -137,20 +137,25 @@ def main() -> int:
         figures = store_figures(workdir / "traces")
         wall = float("nan") if args.summarize else time.perf_counter() - began
         figures.update(run_totals(table))
+        first3 = solved[:3]
         summary.append(
             (seed, len(table), solved[0], sum(last3) / len(last3), solved[-1], sum(last10) / len(last10), figures, wall)
         )
+        first3_means.append(sum(first3) / len(first3))
 
+    # "x" divides by iteration 1 (the warm-up's weights, one iteration's tasks: noisy); "x, first 3"
+    # by the first three iterations' mean, which two RL steps may already have raised
     print(
-        "\nseed | iterations | solved at iteration 1 | solved, last 3 (mean) | solved, last | x | "
-        "solved, last 10 (mean) | samples/rollout | one-sample | merged boundaries | wall s"
+        "\nseed | iterations | solved at iteration 1 | solved, first 3 (mean) | solved, last 3 (mean) | solved, last | "
+        "x | x, first 3 | solved, last 10 (mean) | samples/rollout | one-sample | merged boundaries | wall s"
     )
-    for seed, iterations, first, mean3, last, mean10, figures, wall in summary:
+    for (seed, iterations, first, mean3, last, mean10, figures, wall), start3 in zip(summary, first3_means):
         ratio = f"{mean3 / first:.1f}" if first else "inf"
+        ratio3 = f"{mean3 / start3:.1f}" if start3 else "inf"
         merged = f"{figures['merged']}/{figures['boundaries']}" if figures["boundaries"] else "-"
         print(
-            f"{seed} | {iterations} | {first:.1%} | {mean3:.1%} | {last:.1%} | {ratio} | {mean10:.1%} | "
-            f"{figures['samples_per_rollout']:.2f} | {figures['one_sample']:.1%} | {merged} | {wall:.0f}"
+            f"{seed} | {iterations} | {first:.1%} | {start3:.1%} | {mean3:.1%} | {last:.1%} | {ratio} | {ratio3} | "
+            f"{mean10:.1%} | {figures['samples_per_rollout']:.2f} | {figures['one_sample']:.1%} | {merged} | {wall:.0f}"
         )
         if figures["causes"]:
             print("     not merged, by cause: " + ", ".join(f"{cause} {count}" for cause, count in figures["causes"]))

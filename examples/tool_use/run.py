@@ -182,7 +182,7 @@ EXAMPLE = training_loop.Example(
     tool_call_parser="hermes",
     # 16 tasks x 8 rollouts per step at 6e-4: the answer's first-digit copy, which RL must finish in some
     # seeds, rose about twice as fast per minute as with 8 tasks at 3e-4 (BENCHMARKS.md, "RL settings")
-    defaults={"iterations": 60, "tasks": 16, "rollouts_per_task": 8, "sft_steps": 600, "learning_rate": 6e-4},
+    defaults={"iterations": 40, "tasks": 16, "rollouts_per_task": 8, "sft_steps": 600, "learning_rate": 6e-4},
     vllm_in_process_worker=True,  # ~15% more rollouts per second here (BENCHMARKS.md)
 )
 
