@@ -1,6 +1,7 @@
 """The examples' long-running agent process (`training_loop.AgentProcess`): one line of work in, one
-answer line out (other stdout lines go to its log), per iteration, from the same process; a script that dies gets a clear error with
-the end of its log, and stopping it ends it. Real child processes running small scripts."""
+answer line out (other stdout lines go to its log), per iteration, from the same process; a script that
+dies gets a clear error with the end of its log, and stopping it ends it. Real child processes running
+small scripts."""
 
 from __future__ import annotations
 
