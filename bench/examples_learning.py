@@ -104,7 +104,7 @@ def main() -> int:
     parser.add_argument("extra", nargs="*", help="more flags for run.py (after --)")
     args = parser.parse_args()
 
-    summary, first3_means = [], []
+    summary = []
     for seed in args.seeds:
         workdir = Path(args.workdir) / f"seed-{seed}"
         command = [
@@ -139,9 +139,18 @@ def main() -> int:
         figures.update(run_totals(table))
         first3 = solved[:3]
         summary.append(
-            (seed, len(table), solved[0], sum(last3) / len(last3), solved[-1], sum(last10) / len(last10), figures, wall)
+            (
+                seed,
+                len(table),
+                solved[0],
+                sum(first3) / len(first3),
+                sum(last3) / len(last3),
+                solved[-1],
+                sum(last10) / len(last10),
+                figures,
+                wall,
+            )
         )
-        first3_means.append(sum(first3) / len(first3))
 
     # "x" divides by iteration 1 (the warm-up's weights, one iteration's tasks: noisy); "x, first 3"
     # by the first three iterations' mean, which two RL steps may already have raised
@@ -149,7 +158,7 @@ def main() -> int:
         "\nseed | iterations | solved at iteration 1 | solved, first 3 (mean) | solved, last 3 (mean) | solved, last | "
         "x | x, first 3 | solved, last 10 (mean) | samples/rollout | one-sample | merged boundaries | wall s"
     )
-    for (seed, iterations, first, mean3, last, mean10, figures, wall), start3 in zip(summary, first3_means):
+    for seed, iterations, first, start3, mean3, last, mean10, figures, wall in summary:
         ratio = f"{mean3 / first:.1f}" if first else "inf"
         ratio3 = f"{mean3 / start3:.1f}" if start3 else "inf"
         merged = f"{figures['merged']}/{figures['boundaries']}" if figures["boundaries"] else "-"
@@ -164,7 +173,7 @@ def main() -> int:
         "\nexample | seed | iterations | rollouts | llm calls | samples/rollout | one-sample | "
         "mean reward, first / last | solved, first / last | solved, all iterations | merged boundaries | not merged, by cause"
     )
-    for seed, iterations, first, _, last, _, figures, _ in summary:
+    for seed, iterations, first, _, _, last, _, figures, _ in summary:
         merged = f"{figures['merged']}/{figures['boundaries']}" if figures["boundaries"] else "-"
         causes = ", ".join(f"{cause} {count}" for cause, count in figures["causes"]) or "-"
         print(

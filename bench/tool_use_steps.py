@@ -16,6 +16,9 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "tool_use"))
+import calculator_task  # the example's task: what the right call's expression is
+
 CALLS = """
 SELECT l.rollout_id, l.policy_version, l.output_messages, r.reward, r.task_id
 FROM llm_calls l JOIN rollouts r USING (rollout_id)
@@ -43,7 +46,7 @@ def steps_by_versions(rows: list[tuple], width: int = 10) -> dict[int, Counter]:
         _, version, output, reward, question = calls[0]
         bucket = (int(version) if str(version).isdigit() else 0) // width * width
         expression = expression_called(output)
-        right = expression == question.removeprefix("What is ").removesuffix("?")
+        right = expression == calculator_task.expression_of(question)
         count = counts[bucket]
         count["rollouts"] += 1
         count["tool call"] += expression is not None
