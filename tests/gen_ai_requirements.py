@@ -146,7 +146,7 @@ def check_span(span: dict, table: dict, *, failed: bool = False) -> None:
     for name, (level, _) in table.items():
         if level == "required":
             assert name in ours, f"{span['name']}: required {name} missing"
-    assert ("error.type" in ours) == failed
+    assert ("error.type" in ours) == failed, f"{span['name']}: failed={failed}, span: {span}"
     if "server.address" in ours:
         assert "server.port" in ours  # conditionally required when server.address is set
 

@@ -184,6 +184,7 @@ EXAMPLE = training_loop.Example(
     # seeds, rose about twice as fast per minute as with 8 tasks at 3e-4 (BENCHMARKS.md, "RL settings")
     defaults={"iterations": 40, "tasks": 16, "rollouts_per_task": 8, "sft_steps": 600, "learning_rate": 6e-4},
     vllm_in_process_worker=True,  # ~15% more rollouts per second here (BENCHMARKS.md)
+    vllm_cpu_threads=1,  # a tiny model: one unpinned thread, the other core left to the agent and trainer
 )
 
 if __name__ == "__main__":

@@ -151,11 +151,16 @@ def _training_source() -> str:
                     ELSE 'none' END"""
 
 
+def spans_raw_statement(source: str) -> str:
+    """The one view that reads `source`; every other view reads it."""
+    return f"""CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM {source}"""
+
+
 def view_statements(source: str) -> list[str]:
     llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
     primary = _literal(schema.DEFAULT_REWARD_NAME)
     return [
-        f"""CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM {source}""",
+        spans_raw_statement(source),
         f"""CREATE OR REPLACE VIEW spans AS SELECT DISTINCT ON ({_DEDUP_KEY}) * FROM spans_raw""",
         # One model call, one row. An LLM span without token ids is a wrapper (not a call of its own)
         # when, in the same trace,
@@ -286,16 +291,18 @@ def parquet_source(store: Store) -> str:
 
 
 def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
+    """The views, created over an empty table of the spans' shape; then `spans_raw` reads the files.
+    Creating a view binds it, and binding `read_parquet` reads every file's footer: over the files,
+    once per view that reads them (~0.5 s per connection over a 100-file store). A query binds its
+    views again, over the files' own columns (tests/test_views_binding.py). No store yet: the empty
+    table (reconnect once data exists)."""
     if not store.is_local:
         _register_filesystem(conn, store)
-    if store.has_data():
-        source = parquet_source(store)
-    else:
-        # No store yet: views over an empty table of the right shape (reconnect once data exists).
-        conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
-        source = "_empty_spans"
-    for statement in view_statements(source):
+    conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
+    for statement in view_statements("_empty_spans"):
         conn.execute(statement)
+    if store.has_data():
+        conn.execute(spans_raw_statement(parquet_source(store)))
 
 
 def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:

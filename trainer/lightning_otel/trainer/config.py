@@ -13,6 +13,7 @@ from lightning_otel.core.otlp import ENDPOINT_HELP
 @dataclass
 class UpdateConfig:
     learning_rate: float = 1e-4
+    warmup_steps: int = 0  # the learning rate rises linearly to learning_rate over the first N steps
     eps_low: float = 0.2
     eps_high: float = 0.28
     log_ratio_clamp: float = 20.0  # |logp_theta - logp_old| clamped before exp (verl's 20); inf: off

@@ -29,7 +29,7 @@ from lightning_otel.trainer.sharding import (
     save_sharded_optimizer,
     shard_model,
 )
-from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, policy_update
+from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, learning_rate_at, policy_update
 
 
 @dataclass
@@ -102,6 +102,9 @@ class PolicyTrainer:
     def train_on(self, selection: Selection, max_staleness: int | None = None, progress: bool = False) -> StepResult:
         """Steps 3-5 on rollouts already selected (e.g. built in memory)."""
         batch = build_batch(selection, max_staleness=max_staleness, current_version=self.version, config=self.config)
+        # Set every step: a checkpoint's optimizer state carries the learning rate it was saved with.
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate_at(self.version, self.config)
         metrics = policy_update(self.model, self.optimizer, batch, self.config, self.reference, progress=progress)
         self.version += 1
         return StepResult(selection, batch, metrics)

@@ -98,6 +98,15 @@ class Batch:
         return np.bincount(counts - 1).tolist() if counts.size else []
 
 
+def learning_rate_at(step: int, config: UpdateConfig) -> float:
+    """The learning rate of step `step` (0 for the first): linear warm-up over `warmup_steps`
+    (step k takes (k + 1) / warmup_steps of it), then constant. The first steps of AdamW move every
+    weight by about the learning rate whatever the gradient's size (its moment estimates start empty)."""
+    if config.warmup_steps <= 0:
+        return config.learning_rate
+    return config.learning_rate * min(1.0, (step + 1) / config.warmup_steps)
+
+
 def _staleness(sample: Sample, current_version: int) -> int | None:
     versions = [int(v) for v in sample.policy_versions if v is not None and str(v).lstrip("-").isdigit()]
     return current_version - min(versions) if versions else None
