@@ -27,6 +27,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path[:0] = [str(EXAMPLES / "tool_use"), str(EXAMPLES)]
 
 import calculator_task  # noqa: E402
+import run as tool_use  # noqa: E402
 from agent_process import AgentProcess  # noqa: E402
 
 SETTINGS = {"default": None, "threads-1": 1}
@@ -48,8 +49,8 @@ def measure(model: Path, threads: int | None, batches: int, concurrency: int, wo
     vllm = VLLMServer(
         model,
         log_path=workdir / "vllm.log",
-        tool_call_parser="hermes",
-        in_process_worker=True,
+        tool_call_parser=tool_use.EXAMPLE.tool_call_parser,
+        in_process_worker=tool_use.EXAMPLE.vllm_in_process_worker,
         cpu_threads=threads,
     )
     with collector, vllm:
