@@ -6,18 +6,23 @@ held-out check, printed every K steps, for one seed and one initialization.
     python bench/tool_use_warm_up.py --seed 1 --plain-prompt ...        # a system turn without "12 * 34" / "The answer is"
     python bench/tool_use_warm_up.py --probe DIR/sft                     # a saved model: p(copied digit) by position
     python bench/tool_use_warm_up.py --seed 2 --kv-heads 2 --probe-each-check ...   # another model, probed as it learns
+    python bench/tool_use_warm_up.py --seed 2 --hidden-size 128 --heads 4 ...     # wider (or --layers 3: deeper)
+    python bench/tool_use_warm_up.py --seed 2 --random-results 1 ...   # warm-up tool results random, not the product
 
 Each line (on stderr: TRL's run hides stdout): the step and the held-out solved share
 (`run.held_out_solved_share`, the warm-up's stopping check); then the probe of the final model.
 `--probe` (and `--probe-each-check`, at every check) prints `run.copy_probabilities` over the seed's
 64 held-out tasks (teacher-forced, solved conversations): the mean probability of the right digit at
-each of the four digits the call copies from the question and the four the answer copies from the tool.
+each of the four digits the call copies from the question and the four the answer copies from the tool,
+and `first_digit_source`: with another result shown, whether the answer's first digit follows it (a copy)
+or the product (an estimate from the question).
 `--probe DIR/sft --seed S`: S must be the run's seed (its held-out tasks).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from pathlib import Path
@@ -39,10 +44,34 @@ def load(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
+def first_digit_source(model, tokenizer, tasks) -> tuple[float, float]:
+    """Where the answer's first digit comes from: teacher-forced up to "The answer is ", with the tool's
+    result replaced by another four-digit number whose first digit differs from the product's, the
+    mean probability of (the shown result's first digit, the product's first digit). A model that
+    copies puts its mass on the first; one that estimates the product from the question, the second."""
+    import torch
+
+    rng, tools = random.Random(0), [calculator_task.tool_schema()]
+    shown_p = product_p = 0.0
+    for question, product in tasks:
+        shown = product
+        while str(shown)[0] == str(product)[0]:
+            shown = rng.randint(32 * 32, 99 * 99)
+        prompt = calculator_task.solved_conversation(question, shown)[1]["prompt"]
+        text = tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=False)
+        with torch.no_grad():
+            p = model(torch.tensor([tokenizer.encode(text + "The answer is ")])).logits[0, -1].softmax(-1)
+        shown_p += p[tokenizer.convert_tokens_to_ids(str(shown)[0])].item()
+        product_p += p[tokenizer.convert_tokens_to_ids(str(product)[0])].item()
+    return shown_p / len(tasks), product_p / len(tasks)
+
+
 def probe(model, tokenizer, tasks, out=sys.stdout) -> None:
     means = tool_use.copy_probabilities(model, tokenizer, tasks)
     for kind, four in (("call", means[:4]), ("answer", means[4:])):
         print(f"{kind}: mean p(right digit) at digits 1-4: " + " ".join(f"{m:.2f}" for m in four), file=out)
+    shown, product = first_digit_source(model, tokenizer, tasks)
+    print(f"another result shown: p(its first digit) {shown:.2f}, p(the product's) {product:.2f}", file=out)
 
 
 def main() -> int:
@@ -57,6 +86,15 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--probe", type=Path, help="only probe this saved model")
     parser.add_argument("--kv-heads", type=int, default=1, help="2: each attention head its own keys and values")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=2, help="attention heads (head size = hidden size / heads >= 32)")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument(
+        "--random-results",
+        type=float,
+        default=tool_use.WARM_UP_RANDOM_RESULTS,
+        help="share of warm-up conversations whose tool result is a random number, not the product",
+    )
     parser.add_argument("--probe-each-check", action="store_true", help="also probe at every check")
     args = parser.parse_args()
     _, held_out = tool_use.warm_up_data(args.seed)
@@ -65,10 +103,18 @@ def main() -> int:
         return 0
     if args.workdir is None:
         parser.error("--workdir is required")
+    tool_use.WARM_UP_RANDOM_RESULTS = args.random_results
     if args.plain_prompt:
         calculator_task.INSTRUCTIONS, calculator_task.TOOL_DESCRIPTION = PLAIN_INSTRUCTIONS, PLAIN_DESCRIPTION
     init_seed = args.seed if args.init_seed is None else args.init_seed
-    base = tool_use.build_model(args.workdir / "model", init_seed, kv_heads=args.kv_heads)
+    base = tool_use.build_model(
+        args.workdir / "model",
+        init_seed,
+        kv_heads=args.kv_heads,
+        hidden_size=args.hidden_size,
+        heads=args.heads,
+        layers=args.layers,
+    )
     examples, _ = tool_use.warm_up_data(args.seed)
     began, step = time.perf_counter(), 0
 

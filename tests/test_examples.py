@@ -148,6 +148,9 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_shows_solved_
         a, b = (int(x) for x in task.expression_of(question).split(" * "))
         assert result == a * b and 1000 <= result <= 9999
     examples = task.sft_examples(50, random.Random(1))
+    # The option below leaves the default's data as they were: the tasks drawn from rng alone.
+    rng = random.Random(1)
+    assert examples == [pair for _ in range(50) for pair in task.solved_conversation(*task.make_task(rng))]
     for call, answer in zip(examples[0::2], examples[1::2]):
         question = call["prompt"][1]["content"]
         (tool_call,) = call["completion"][0]["tool_calls"]
@@ -158,6 +161,15 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_shows_solved_
         expected = task.calculate(task.expression_of(question))
         assert answer["prompt"][-1] == {"role": "tool", "tool_call_id": "call_0", "content": expected}
         assert answer["completion"][0]["content"] == f"The answer is {expected}."
+    # Tool results drawn at random: the answer reports the shown result (the product only by chance).
+    shown = task.sft_examples(50, random.Random(1), random_results=1.0)
+    products = 0
+    for call, answer in zip(shown[0::2], shown[1::2]):
+        result = answer["prompt"][-1]["content"]
+        assert 32 * 32 <= int(result) <= 99 * 99 and call["prompt"] == answer["prompt"][:2]
+        assert answer["completion"][0]["content"] == f"The answer is {result}."
+        products += result == task.calculate(task.expression_of(call["prompt"][1]["content"]))
+    assert products <= 2
 
 
 QWEN25_RENDERING = (

@@ -84,6 +84,15 @@ def solved_conversation(question: str, result: int) -> list[dict]:
     return [{"prompt": start, "completion": [calling]}, {"prompt": answered, "completion": [reply]}]
 
 
-def sft_examples(count: int, rng: random.Random) -> list[dict]:
-    """`solved_conversation`'s two pairs for each of `count` tasks."""
-    return [pair for _ in range(count) for pair in solved_conversation(*make_task(rng))]
+def sft_examples(count: int, rng: random.Random, random_results: float = 0.0) -> list[dict]:
+    """`solved_conversation`'s two pairs for each of `count` tasks. In a share `random_results` of them
+    the tool's result (and so the reported answer) is a random four-digit number instead of the
+    product: then the answer can be learnt only by copying the tool's result, not by estimating the
+    product from the question. With 0, `rng` draws the tasks alone (the same tasks as ever)."""
+    results = random.Random(rng.random()) if random_results else None
+    pairs = []
+    for _ in range(count):
+        question, product = make_task(rng)
+        shown = results.randint(32 * 32, 99 * 99) if results and results.random() < random_results else product
+        pairs += solved_conversation(question, shown)
+    return pairs

@@ -22,6 +22,13 @@ WARM_UP_COPIED = 0.25
 # AdamW's decoupled weight decay in the warm-up: without it seed 1 never started copying (600 steps);
 # with it seeds 0, 1 and 2 did by step 375 (BENCHMARKS.md, "Warm-up trials"; not shown to hold for all)
 WARM_UP_WEIGHT_DECAY = 0.1
+# The share of warm-up conversations whose tool result is a random four-digit number, not the product
+# (0: none). With true products the warm-up learns to estimate the product's first digit from the
+# question instead of copying it from the tool (seed 2: p = 0.35 for the product's first digit when
+# another result is shown, 0.08 for the shown one's), a shortcut RL did not undo. Random results remove
+# it, but with them (and kv_heads=2) seed 0's warm-up formed no copy in 600 steps (BENCHMARKS.md, "The
+# first digit's shortcut"), so the default stays 0
+WARM_UP_RANDOM_RESULTS = 0.0
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this example's task, and the loop all examples share
 
@@ -29,13 +36,15 @@ import calculator_task  # noqa: E402
 import training_loop  # noqa: E402
 
 
-def build_model(out: Path, seed: int, kv_heads: int = 1) -> Path:
+def build_model(out: Path, seed: int, **shape) -> Path:
+    """The tiny model: 2 layers, hidden size 64, 2 heads sharing one key and value (kv_heads=1).
+    `shape` overrides build_tiny_model's hidden_size, heads, kv_heads, layers (bench/tool_use_warm_up.py)."""
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
     # The prompt's fixed text in the tokenizer's corpus: the system turn takes fewer tokens.
     extra = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema()), "The answer is"] * 50
     return build_tiny_model(
-        out, seed=seed, vocab_size=1024, kv_heads=kv_heads, tool_calls=True, extra_text=extra, merge_words=True
+        out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True, **shape
     )
 
 
@@ -136,7 +145,7 @@ def warm_up_data(seed: int) -> tuple[list[dict], list[tuple[str, int]]]:
     """The warm-up's SFT examples (400 solved tasks) and the 64 held-out tasks its stopping check runs."""
     held_out_rng = random.Random(f"held-out {seed}")
     held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
-    return calculator_task.sft_examples(400, random.Random(seed)), held_out
+    return calculator_task.sft_examples(400, random.Random(seed), WARM_UP_RANDOM_RESULTS), held_out
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
