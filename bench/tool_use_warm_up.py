@@ -56,7 +56,7 @@ def first_digit_source(model, tokenizer, tasks) -> tuple[float, float]:
     for question, product in tasks:
         shown = product
         while str(shown)[0] == str(product)[0]:
-            shown = rng.randint(32 * 32, 99 * 99)
+            shown = calculator_task.random_result(rng)
         prompt = calculator_task.solved_conversation(question, shown)[1]["prompt"]
         text = tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=False)
         with torch.no_grad():
@@ -103,7 +103,6 @@ def main() -> int:
         return 0
     if args.workdir is None:
         parser.error("--workdir is required")
-    tool_use.WARM_UP_RANDOM_RESULTS = args.random_results
     if args.plain_prompt:
         calculator_task.INSTRUCTIONS, calculator_task.TOOL_DESCRIPTION = PLAIN_INSTRUCTIONS, PLAIN_DESCRIPTION
     init_seed = args.seed if args.init_seed is None else args.init_seed
@@ -115,7 +114,7 @@ def main() -> int:
         heads=args.heads,
         layers=args.layers,
     )
-    examples, _ = tool_use.warm_up_data(args.seed)
+    examples, _ = tool_use.warm_up_data(args.seed, args.random_results)
     began, step = time.perf_counter(), 0
 
     def report(model, tokenizer) -> bool:

@@ -48,6 +48,12 @@ def make_task(rng: random.Random) -> tuple[str, int]:
     return f"What is {a} * {b}?", a * b
 
 
+def random_result(rng: random.Random) -> int:
+    """A four-digit number from the products' range that need not be a product: a tool result the
+    question does not predict (`sft_examples`' random results, the bench's probe)."""
+    return rng.randint(32 * 32, 99 * 99)
+
+
 def expression_of(question: str) -> str:
     return question.removeprefix("What is ").removesuffix("?")
 
@@ -93,6 +99,6 @@ def sft_examples(count: int, rng: random.Random, random_results: float = 0.0) ->
     pairs = []
     for _ in range(count):
         question, product = make_task(rng)
-        shown = results.randint(32 * 32, 99 * 99) if results and results.random() < random_results else product
+        shown = random_result(results) if results and results.random() < random_results else product
         pairs += solved_conversation(question, shown)
     return pairs

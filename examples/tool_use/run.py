@@ -141,11 +141,12 @@ def copy_probabilities(model, tokenizer, tasks: list[tuple[str, int]]) -> list[f
     return [sum(row[k] for row in rows) / len(rows) for rows in by_step for k in range(4)]
 
 
-def warm_up_data(seed: int) -> tuple[list[dict], list[tuple[str, int]]]:
-    """The warm-up's SFT examples (400 solved tasks) and the 64 held-out tasks its stopping check runs."""
+def warm_up_data(seed: int, random_results: float = WARM_UP_RANDOM_RESULTS) -> tuple[list[dict], list[tuple[str, int]]]:
+    """The warm-up's SFT examples (400 solved tasks; `random_results`: see WARM_UP_RANDOM_RESULTS) and
+    the 64 held-out tasks its stopping check runs."""
     held_out_rng = random.Random(f"held-out {seed}")
     held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
-    return calculator_task.sft_examples(400, random.Random(seed), WARM_UP_RANDOM_RESULTS), held_out
+    return calculator_task.sft_examples(400, random.Random(seed), random_results), held_out
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
