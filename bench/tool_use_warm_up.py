@@ -95,6 +95,7 @@ def main() -> int:
         default=tool_use.WARM_UP_RANDOM_RESULTS,
         help="share of warm-up conversations whose tool result is a random number, not the product",
     )
+    parser.add_argument("--tasks", type=int, default=tool_use.WARM_UP_TASKS, help="distinct warm-up conversations")
     parser.add_argument("--probe-each-check", action="store_true", help="also probe at every check")
     args = parser.parse_args()
     _, held_out = tool_use.warm_up_data(args.seed)
@@ -114,7 +115,7 @@ def main() -> int:
         heads=args.heads,
         layers=args.layers,
     )
-    examples, _ = tool_use.warm_up_data(args.seed, args.random_results)
+    examples, _ = tool_use.warm_up_data(args.seed, args.random_results, args.tasks)
     began, step = time.perf_counter(), 0
 
     def report(model, tokenizer) -> bool:

@@ -29,6 +29,9 @@ WARM_UP_WEIGHT_DECAY = 0.1
 # it, but with them (and kv_heads=2) seed 0's warm-up formed no copy in 600 steps (BENCHMARKS.md, "The
 # first digit's shortcut"), so the default stays 0
 WARM_UP_RANDOM_RESULTS = 0.0
+# Distinct warm-up conversations: 400, each seen ~20 times in 1,000 steps of 16 (bench/tool_use_warm_up.py
+# --tasks: 5,000 moved when seeds' copies formed, sooner in two and later in one)
+WARM_UP_TASKS = 400
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this example's task, and the loop all examples share
 
@@ -141,12 +144,14 @@ def copy_probabilities(model, tokenizer, tasks: list[tuple[str, int]]) -> list[f
     return [sum(row[k] for row in rows) / len(rows) for rows in by_step for k in range(4)]
 
 
-def warm_up_data(seed: int, random_results: float = WARM_UP_RANDOM_RESULTS) -> tuple[list[dict], list[tuple[str, int]]]:
-    """The warm-up's SFT examples (400 solved tasks; `random_results`: see WARM_UP_RANDOM_RESULTS) and
-    the 64 held-out tasks its stopping check runs."""
+def warm_up_data(
+    seed: int, random_results: float = WARM_UP_RANDOM_RESULTS, tasks: int = WARM_UP_TASKS
+) -> tuple[list[dict], list[tuple[str, int]]]:
+    """The warm-up's SFT examples (`tasks` solved tasks; `random_results`: see WARM_UP_RANDOM_RESULTS)
+    and the 64 held-out tasks its stopping check runs."""
     held_out_rng = random.Random(f"held-out {seed}")
     held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
-    return calculator_task.sft_examples(400, random.Random(seed), random_results), held_out
+    return calculator_task.sft_examples(tasks, random.Random(seed), random_results), held_out
 
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
