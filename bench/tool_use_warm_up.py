@@ -5,9 +5,10 @@ held-out check, printed every K steps, for one seed and one initialization.
     python bench/tool_use_warm_up.py --seed 1 --init-seed 1001 ...     # the same data, another initialization
     python bench/tool_use_warm_up.py --seed 1 --plain-prompt ...        # a system turn without "12 * 34" / "The answer is"
     python bench/tool_use_warm_up.py --probe DIR/sft                     # a saved model: p(copied digit) by position
-    python bench/tool_use_warm_up.py --seed 2 --kv-heads 2 --probe-each-check ...   # another model, probed as it learns
+    python bench/tool_use_warm_up.py --seed 2 --kv-heads 1 --probe-each-check ...   # one shared key and value, probed as it learns
     python bench/tool_use_warm_up.py --seed 2 --hidden-size 128 --heads 4 ...     # wider (or --layers 3: deeper)
-    python bench/tool_use_warm_up.py --seed 2 --random-results 1 ...   # warm-up tool results random, not the product
+    python bench/tool_use_warm_up.py --seed 2 --random-results 0 ...   # warm-up tool results the products, not random
+    python bench/tool_use_warm_up.py --seed 2 --slipped-digits 0 ...   # demonstrations that copy every digit right
 
 Each line (on stderr: TRL's run hides stdout): the step and the held-out solved share
 (`run.held_out_solved_share`, the warm-up's stopping check); then the probe of the final model.
@@ -85,7 +86,7 @@ def main() -> int:
     parser.add_argument("--plain-prompt", action="store_true", help="no digits or answer phrase in the system turn")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--probe", type=Path, help="only probe this saved model")
-    parser.add_argument("--kv-heads", type=int, default=1, help="2: each attention head its own keys and values")
+    parser.add_argument("--kv-heads", type=int, default=2, help="1: the attention heads share one key and value")
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--heads", type=int, default=2, help="attention heads (head size = hidden size / heads >= 32)")
     parser.add_argument("--layers", type=int, default=2)
@@ -94,6 +95,12 @@ def main() -> int:
         type=float,
         default=tool_use.WARM_UP_RANDOM_RESULTS,
         help="share of warm-up conversations whose tool result is a random number, not the product",
+    )
+    parser.add_argument(
+        "--slipped-digits",
+        type=float,
+        default=tool_use.WARM_UP_SLIPPED_DIGITS,
+        help="share of the demonstrations' copied digits written wrong (0: every copy exact)",
     )
     parser.add_argument("--tasks", type=int, default=tool_use.WARM_UP_TASKS, help="distinct warm-up conversations")
     parser.add_argument("--probe-each-check", action="store_true", help="also probe at every check")
@@ -115,7 +122,7 @@ def main() -> int:
         heads=args.heads,
         layers=args.layers,
     )
-    examples, _ = tool_use.warm_up_data(args.seed, args.random_results, args.tasks)
+    examples, _ = tool_use.warm_up_data(args.seed, args.random_results, args.tasks, args.slipped_digits)
     began, step = time.perf_counter(), 0
 
     def report(model, tokenizer) -> bool:

@@ -12,14 +12,12 @@
    then a report and the command that opens the dashboard.
 Everything started here is stopped on exit, Ctrl-C included.
 
-Examples import this module (it sits beside their folders); nothing else does.
+Examples import this module (it sits beside their folders); so do their tests and bench scripts.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import random
@@ -31,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_process import AgentProcess, Iteration  # examples name training_loop.Iteration
+from sft_warm_up import sft_warmup  # noqa: F401  (examples name training_loop.sft_warmup)
 
 ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>10} | {:>11} | {:>6} | {:>6}"
 HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "one-sample", "mean reward", "solved", "swap s")
@@ -84,70 +83,6 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="the tiny model, the SFT data and the tasks drawn")
     parser.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. '--gpu-memory-utilization 0.4'")
     return parser.parse_args(argv)
-
-
-def sft_warmup(
-    base: Path,
-    out: Path,
-    examples: list[dict],
-    tools: list[dict] | None,
-    steps: int,
-    learning_rate: float,
-    seed: int,
-    batch_size: int = 16,
-    stop_when: Callable[[object, object], bool] | None = None,
-    check_every: int = 5,
-    weight_decay: float = 0.0,
-) -> Path:
-    """TRL's SFTTrainer on conversational prompt -> completion pairs (loss on the completion only),
-    rendered with the model's chat template and `tools`; saves model and tokenizer to `out`.
-    `stop_when(model, tokenizer)`, if given, is asked every `check_every` steps and ends the
-    warm-up early when it returns True (`steps` is then the most it runs)."""
-    import torch
-    from datasets import Dataset, disable_progress_bars
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import SFTConfig, SFTTrainer
-
-    class StopWhen(TrainerCallback):
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % check_every == 0 and stop_when(model, tokenizer):
-                control.should_training_stop = True
-
-    disable_progress_bars()
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    rows = [{**example, "tools": json.dumps(tools)} if tools else example for example in examples]
-    args = SFTConfig(
-        output_dir=str(out / "sft-checkpoints"),
-        max_steps=steps,
-        per_device_train_batch_size=batch_size,
-        learning_rate=learning_rate,
-        weight_decay=weight_decay,
-        lr_scheduler_type="constant",
-        logging_strategy="no",
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        seed=seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        bf16=False,  # TRL's defaults (bf16, gradient checkpointing) only slow a tiny float32 model on CPU
-        gradient_checkpointing=False,
-        max_length=None,  # TRL's 1024 drops a harness's long conversations (coding's run ~1,500 tokens)
-    )
-    trainer = SFTTrainer(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[StopWhen()] if stop_when else None,
-    )
-    with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its metrics dict; the table is the output
-        trainer.train()
-    trainer.save_model(str(out))
-    tokenizer.save_pretrained(out)
-    (out / "warm_up.json").write_text(json.dumps({"steps": trainer.state.global_step, "max_steps": steps}))
-    return out
 
 
 def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) -> Path:

@@ -81,7 +81,9 @@ def merge_causes(data_dir: Path) -> dict[str | None, int]:
 
 
 def test_tool_use_example(tmp_path):
-    output = run_example("tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4")
+    # 300 warm-up steps (the default cap is 3,000; seed 0's check passes at 2,586): enough for the
+    # call's format, which this test needs; the copies it does not
+    output = run_example("tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4", "--sft-steps", "300")
     data_dir = tmp_path / "traces"
     check_loop(output, data_dir, 8)
     conn = connect(data_dir)
@@ -170,6 +172,29 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_shows_solved_
         assert answer["completion"][0]["content"] == f"The answer is {result}."
         products += result == task.calculate(task.expression_of(call["prompt"][1]["content"]))
     assert products <= 2
+
+
+def test_calculator_warm_up_slips_the_share_of_copied_digits_asked_and_keeps_prompts_exact():
+    import random
+    import re
+
+    task = _import_example("tool_use", "calculator_task")
+    slipped = task.sft_examples(2000, random.Random(3), random_results=1.0, slipped_digits=0.25)
+    wrong = total = 0
+    for call, answer in zip(slipped[0::2], slipped[1::2]):
+        # The prompts stay what the agent would see: the question, and the tool's result for the call made.
+        question, result = call["prompt"][1]["content"], answer["prompt"][-1]["content"]
+        assert call["prompt"] == answer["prompt"][:2] and answer["prompt"][2] == call["completion"][0]
+        assert re.fullmatch(r"What is [1-9]\d \* [1-9]\d\?", question) and re.fullmatch(r"[1-9]\d{3}", result)
+        written = call["completion"][0]["tool_calls"][0]["function"]["arguments"]["expression"]
+        reply = answer["completion"][0]["content"]
+        assert re.fullmatch(r"[1-9]\d \* [1-9]\d", written) and re.fullmatch(r"The answer is [1-9]\d{3}\.", reply)
+        for shown, right in ((written, question[8:-1]), (reply, f"The answer is {result}.")):
+            pairs = [(s, r) for s, r in zip(shown, right, strict=True) if r.isdigit()]
+            wrong += sum(s != r for s, r in pairs)
+            total += len(pairs)
+    # 2,000 conversations x 8 digits: the slipped share within 0.01 of 0.25 (its sd is ~0.003).
+    assert total == 2000 * 8 and abs(wrong / total - 0.25) < 0.01
 
 
 QWEN25_RENDERING = (

@@ -78,27 +78,47 @@ def tool_schema() -> dict:
     }
 
 
-def solved_conversation(question: str, result: int) -> list[dict]:
+def solved_conversation(question: str, result: int, garble=None) -> list[dict]:
     """Two prompt -> completion pairs: the call with the question's expression, and the answer that
-    reports the tool's result."""
-    arguments = {"expression": expression_of(question)}
+    reports the tool's result. `garble`, if given, rewrites each copied number as the demonstrator
+    writes it (`slip_digits`); the prompts stay exact."""
+    garble = garble or str
+    a, b = expression_of(question).split(" * ")
+    arguments = {"expression": f"{garble(a)} * {garble(b)}"}
     call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
     start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
     calling = {"role": "assistant", "content": None, "tool_calls": [call]}
     answered = start + [calling, {"role": "tool", "tool_call_id": "call_0", "content": str(result)}]
-    reply = {"role": "assistant", "content": f"The answer is {result}."}
+    reply = {"role": "assistant", "content": f"The answer is {garble(str(result))}."}
     return [{"prompt": start, "completion": [calling]}, {"prompt": answered, "completion": [reply]}]
 
 
-def sft_examples(count: int, rng: random.Random, random_results: float = 0.0) -> list[dict]:
+def slip_digits(number: str, share: float, rng: random.Random) -> str:
+    """`number` with each digit, with probability `share`, replaced by another digit (a first digit by
+    another non-zero one): a demonstrator that copies each digit right with probability 1 - share."""
+    slipped = []
+    for position, digit in enumerate(number):
+        if rng.random() < share:
+            digit = rng.choice([d for d in "0123456789"[1 if position == 0 else 0 :] if d != digit])
+        slipped.append(digit)
+    return "".join(slipped)
+
+
+def sft_examples(
+    count: int, rng: random.Random, random_results: float = 0.0, slipped_digits: float = 0.0
+) -> list[dict]:
     """`solved_conversation`'s two pairs for each of `count` tasks. In a share `random_results` of them
     the tool's result (and so the reported answer) is a random four-digit number instead of the
     product: then the answer can be learnt only by copying the tool's result, not by estimating the
-    product from the question. With 0, `rng` draws the tasks alone (the same tasks as ever)."""
+    product from the question. `slipped_digits`: the share of copied digits the demonstrations get
+    wrong (`slip_digits`), in the call and the answer alike. With both 0, `rng` draws the tasks alone
+    (the same tasks as ever)."""
     results = random.Random(rng.random()) if random_results else None
+    slips = random.Random(rng.random()) if slipped_digits else None
+    garble = (lambda number: slip_digits(number, slipped_digits, slips)) if slips else None
     pairs = []
     for _ in range(count):
         question, product = make_task(rng)
         shown = random_result(results) if results and results.random() < random_results else product
-        pairs += solved_conversation(question, shown)
+        pairs += solved_conversation(question, shown, garble)
     return pairs
