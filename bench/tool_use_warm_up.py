@@ -86,7 +86,7 @@ def main() -> int:
     parser.add_argument("--plain-prompt", action="store_true", help="no digits or answer phrase in the system turn")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--probe", type=Path, help="only probe this saved model")
-    parser.add_argument("--kv-heads", type=int, default=2, help="1: the attention heads share one key and value")
+    parser.add_argument("--kv-heads", type=int, default=tool_use.KV_HEADS, help="1: the heads share one key and value")
     parser.add_argument("--hidden-size", type=int, default=64)
     parser.add_argument("--heads", type=int, default=2, help="attention heads (head size = hidden size / heads >= 32)")
     parser.add_argument("--layers", type=int, default=2)

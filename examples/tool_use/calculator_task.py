@@ -15,6 +15,7 @@ import ast
 import operator
 import random
 import re
+from collections.abc import Callable
 
 INSTRUCTIONS = "Use the calculator tool, then reply: The answer is <result>."
 TOOL_NAME = "calculator"
@@ -78,7 +79,7 @@ def tool_schema() -> dict:
     }
 
 
-def solved_conversation(question: str, result: int, garble=None) -> list[dict]:
+def solved_conversation(question: str, result: int, garble: Callable[[str], str] | None = None) -> list[dict]:
     """Two prompt -> completion pairs: the call with the question's expression, and the answer that
     reports the tool's result. `garble`, if given, rewrites each copied number as the demonstrator
     writes it (`slip_digits`); the prompts stay exact."""

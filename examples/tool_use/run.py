@@ -35,6 +35,9 @@ WARM_UP_RANDOM_RESULTS = 1.0
 # Distinct warm-up conversations: 400, each seen ~20 times in 1,000 steps of 16 (bench/tool_use_warm_up.py
 # --tasks: 5,000 moved when seeds' copies formed, sooner in two and later in one)
 WARM_UP_TASKS = 400
+# Each attention head its own keys and values: with one shared key and value and random results, seed 2's
+# call never copied its operands' first digits in 500 steps (BENCHMARKS.md, "The first digit's shortcut")
+KV_HEADS = 2
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this example's task, and the loop all examples share
 
@@ -42,16 +45,15 @@ import calculator_task  # noqa: E402
 import training_loop  # noqa: E402
 
 
-def build_model(out: Path, seed: int, **shape) -> Path:
-    """The tiny model: 2 layers, hidden size 64, 2 heads with their own keys and values (kv_heads=2:
-    with one shared key and value and random results, seed 2's call never copied its operands' first
-    digits in 500 steps). `shape` overrides build_tiny_model's hidden_size, heads, kv_heads, layers."""
+def build_model(out: Path, seed: int, kv_heads: int = KV_HEADS, **shape) -> Path:
+    """The tiny model: 2 layers, hidden size 64, 2 heads with `kv_heads` keys and values (KV_HEADS).
+    `shape` overrides build_tiny_model's hidden_size, heads, layers (bench/tool_use_warm_up.py)."""
     from lightning_otel.trainer.tiny_model import build_tiny_model
 
     # The prompt's fixed text in the tokenizer's corpus: the system turn takes fewer tokens.
     extra = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema()), "The answer is"] * 50
     return build_tiny_model(
-        out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True, **{"kv_heads": 2, **shape}
+        out, seed=seed, vocab_size=1024, tool_calls=True, extra_text=extra, merge_words=True, kv_heads=kv_heads, **shape
     )
 
 
