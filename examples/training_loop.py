@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agent_process import AgentProcess, Iteration  # examples name training_loop.Iteration
-from sft_warm_up import sft_warmup  # noqa: F401  (examples name training_loop.sft_warmup)
+from sft_warm_up import Check, sft_warmup  # noqa: F401  (examples name training_loop.Check, .sft_warmup)
 
 ROW = "{:>4} | {:>8} | {:>9} | {:>15} | {:>10} | {:>11} | {:>6} | {:>6}"
 HEADER = ROW.format("iter", "rollouts", "llm calls", "samples/rollout", "one-sample", "mean reward", "solved", "swap s")
@@ -82,7 +82,32 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="the tiny model, the SFT data and the tasks drawn")
     parser.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. '--gpu-memory-utilization 0.4'")
+    parser.add_argument(
+        "--fresh", action="store_true", help="start over: delete what an earlier run left in --workdir (else resume)"
+    )
     return parser.parse_args(argv)
+
+
+# What a run leaves in its workdir; --fresh deletes these and nothing else.
+WORKDIR_ENTRIES = ("model", "sft", "traces", "train-state", "report", "collector.log", "vllm.log", "agent.log")
+
+
+def open_workdir(workdir: Path, fresh: bool) -> None:
+    """Make `workdir`; with `fresh`, delete an earlier run's entries first. Says which it is: a re-run
+    resumes (the model, the warm-up, the traces and the training state are reused) unless --fresh."""
+    import shutil
+
+    left = [name for name in WORKDIR_ENTRIES if (workdir / name).exists()]
+    if left and fresh:
+        for name in left:
+            path = workdir / name
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        print(f"starting fresh in {workdir} (deleted an earlier run's {', '.join(left)})", flush=True)
+    elif left:
+        print(f"resuming in {workdir}: reusing its {', '.join(left)} (--fresh starts over)", flush=True)
+    else:
+        print(f"starting in {workdir}", flush=True)
+    workdir.mkdir(parents=True, exist_ok=True)
 
 
 def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) -> Path:
@@ -95,6 +120,7 @@ def prepare_policy(example: Example, workdir: Path, args: argparse.Namespace) ->
     if not args.sft_steps or example.warm_up is None:
         return base
     if not (warm / "config.json").exists():
+        print(f"SFT warm-up: at most {args.sft_steps} steps, a progress line every ~10 s", flush=True)
         began = time.perf_counter()
         example.warm_up(base, warm, args.sft_steps, args.sft_learning_rate, args.seed)
         record = warm / "warm_up.json"  # written by sft_warmup: the steps run, when it stopped early
@@ -232,18 +258,19 @@ def print_summary(data_dir: Path) -> None:
 
 def run(example: Example, argv: list[str] | None = None) -> int:
     """The whole loop for `example` (module docstring); returns the process exit code."""
+    args = parse_args(example, argv)
+    workdir = Path(args.workdir).resolve()
+    open_workdir(workdir, args.fresh)  # the first line, before the seconds of imports below
+
     from transformers.utils import logging as transformers_logging
 
     from lightning_otel.core.servers import CollectorProcess, VLLMServer
     from lightning_otel.dashboards.server import DEFAULT_PORT
     from lightning_otel.trainer.training_run import run_once
 
-    args = parse_args(example, argv)
     transformers_logging.disable_progress_bar()  # keep the table readable
     transformers_logging.set_verbosity_error()
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price-list download at import
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     policy_dir = prepare_policy(example, workdir, args)
     data_dir = workdir / "traces"

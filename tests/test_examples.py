@@ -150,9 +150,9 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_shows_solved_
         a, b = (int(x) for x in task.expression_of(question).split(" * "))
         assert result == a * b and 1000 <= result <= 9999
     examples = task.sft_examples(50, random.Random(1))
-    # The option below leaves the default's data as they were: the tasks drawn from rng alone.
+    # The options below left at 0, the warm-up's tasks are drawn from rng alone, from the warm_up split.
     rng = random.Random(1)
-    assert examples == [pair for _ in range(50) for pair in task.solved_conversation(*task.make_task(rng))]
+    assert examples == [pair for _ in range(50) for pair in task.solved_conversation(*task.make_task(rng, "warm_up"))]
     for call, answer in zip(examples[0::2], examples[1::2]):
         question = call["prompt"][1]["content"]
         (tool_call,) = call["completion"][0]["tool_calls"]

@@ -45,3 +45,41 @@ def test_the_warm_up_ends_at_the_first_step_that_passes_its_check(tmp_path):
 
     steps, _ = _warm_up(base, tmp_path / "never", steps=6, stop_when=lambda model, _: False)
     assert steps == 6
+
+
+def test_the_warm_up_prints_progress_lines_with_the_checks_value_when_piped(tmp_path, monkeypatch, capsys):
+    import sft_warm_up
+
+    monkeypatch.setattr(sft_warm_up, "PROGRESS_EVERY_S", 0.0)  # a line every step
+    base = build_tiny_model(tmp_path / "base")
+    checks = iter(range(100))
+    training_loop.sft_warmup(
+        base,
+        tmp_path / "out",
+        _examples(),
+        None,
+        8,
+        2e-3,
+        seed=0,
+        stop_when=lambda model, _: training_loop.Check(False, f"value {next(checks)}"),
+        check_every=4,
+    )
+    lines = [line for line in capsys.readouterr().out.splitlines() if "warm-up step" in line]
+    assert [line.split("warm-up step ")[1].split(":")[0] for line in lines] == [f"{k}/8" for k in range(1, 9)]
+    assert "check at 4: value 0" in lines[3] and "check at 8: value 1" in lines[-1]
+    assert all("loss " in line and "s/step" in line and "min left" in line for line in lines)
+    assert any("loss -" not in line for line in lines)  # the logged loss reaches the line
+
+
+def test_a_rerun_resumes_unless_fresh_and_fresh_deletes_only_what_a_run_leaves(tmp_path, capsys):
+    workdir = tmp_path / "run"
+    training_loop.open_workdir(workdir, fresh=False)
+    assert "starting in" in capsys.readouterr().out
+    (workdir / "traces").mkdir()
+    (workdir / "vllm.log").write_text("x")
+    (workdir / "notes.txt").write_text("the user's own file")
+    training_loop.open_workdir(workdir, fresh=False)
+    assert "resuming in" in capsys.readouterr().out and (workdir / "traces").exists()
+    training_loop.open_workdir(workdir, fresh=True)
+    assert "starting fresh" in capsys.readouterr().out
+    assert sorted(p.name for p in workdir.iterdir()) == ["notes.txt"]

@@ -7,11 +7,17 @@ Reward: 1 when the final answer's last number is the right result, else 0.
 
 `sft_examples` are what the SFT warm-up shows the model: one prompt -> completion pair per model
 call of a solved rollout, rendered by the same chat template vLLM uses, tools included.
+
+Splits: every question belongs to exactly one of SPLITS, by a hash of its operands (`split_of`), so
+the warm-up's demonstrations, its stopping check, the RL tasks and the held-out evaluation never
+share a question, whatever the seed: disjoint by construction, not by luck (tests/test_examples.py).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
 import operator
 import random
 import re
@@ -42,11 +48,50 @@ def calculate(expression: str) -> str:
         return f"error: {error}"
 
 
-def make_task(rng: random.Random) -> tuple[str, int]:
-    """(question, result). Operands from 32 to 99: every product has four digits, so the question, the
-    call and the result have the same length in tokens every time, and copying is at fixed offsets."""
-    a, b = rng.randint(32, 99), rng.randint(32, 99)
+OPERANDS = range(32, 100)
+# Each split's share of the 68 x 68 questions, in percent of the hash space (`split_of`): ~460
+# held-out evaluation questions, ~230 for the warm-up's stopping check, ~1,390 to draw the warm-up's
+# demonstrations from, ~2,540 for RL.
+SPLITS = {"eval": 10, "warm_up_check": 5, "warm_up": 30, "rl": 55}
+EVAL_TASKS = 64  # the fixed held-out evaluation set the examples' loop runs (`eval_tasks`)
+
+
+def split_of(a: int, b: int) -> str:
+    """The split "What is a * b?" belongs to: a hash of the operands (not of a seed) into SPLITS' shares.
+    Symmetric: a * b and b * a have one product, so they share a split."""
+    low, high = sorted((a, b))
+    bucket = int.from_bytes(hashlib.sha256(f"{low} * {high}".encode()).digest()[:8], "big") % 100
+    for split, share in SPLITS.items():
+        if bucket < share:
+            return split
+        bucket -= share
+    raise AssertionError("SPLITS' shares add up to 100")
+
+
+@functools.cache
+def operands_in(split: str) -> tuple[tuple[int, int], ...]:
+    """Every (a, b) whose question belongs to `split`, in a fixed order."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
+    return tuple((a, b) for a in OPERANDS for b in OPERANDS if split_of(a, b) == split)
+
+
+def _task(a: int, b: int) -> tuple[str, int]:
     return f"What is {a} * {b}?", a * b
+
+
+def make_task(rng: random.Random, split: str = "rl") -> tuple[str, int]:
+    """(question, result), drawn from `split`. Operands from 32 to 99: every product has four digits, so
+    the question, the call and the result have the same length in tokens every time, and copying is at
+    fixed offsets."""
+    return _task(*rng.choice(operands_in(split)))
+
+
+def eval_tasks(count: int = EVAL_TASKS) -> list[tuple[str, int]]:
+    """The held-out evaluation set: `count` questions of the eval split, no two of them mirrors, the same
+    for every seed."""
+    unordered = [(a, b) for a, b in operands_in("eval") if a <= b]
+    return [_task(a, b) for a, b in random.Random("eval").sample(unordered, count)]
 
 
 def random_result(rng: random.Random) -> int:
@@ -112,14 +157,14 @@ def sft_examples(
     the tool's result (and so the reported answer) is a random four-digit number instead of the
     product: then the answer can be learnt only by copying the tool's result, not by estimating the
     product from the question. `slipped_digits`: the share of copied digits the demonstrations get
-    wrong (`slip_digits`), in the call and the answer alike. With both 0, `rng` draws the tasks alone
-    (the same tasks as ever)."""
+    wrong (`slip_digits`), in the call and the answer alike. The tasks come from the warm_up split;
+    with both shares 0, `rng` draws the tasks alone."""
     results = random.Random(rng.random()) if random_results else None
     slips = random.Random(rng.random()) if slipped_digits else None
     garble = (lambda number: slip_digits(number, slipped_digits, slips)) if slips else None
     pairs = []
     for _ in range(count):
-        question, product = make_task(rng)
+        question, product = make_task(rng, "warm_up")
         shown = random_result(results) if results and results.random() < random_results else product
         pairs += solved_conversation(question, shown, garble)
     return pairs

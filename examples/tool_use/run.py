@@ -157,9 +157,10 @@ def warm_up_data(
     slipped_digits: float = WARM_UP_SLIPPED_DIGITS,
 ) -> tuple[list[dict], list[tuple[str, int]]]:
     """The warm-up's SFT examples (`tasks` solved tasks; `random_results`, `slipped_digits`: see
-    WARM_UP_RANDOM_RESULTS, WARM_UP_SLIPPED_DIGITS) and the 64 held-out tasks its stopping check runs."""
+    WARM_UP_RANDOM_RESULTS, WARM_UP_SLIPPED_DIGITS) and the 64 tasks its stopping check runs, from a
+    split of their own (calculator_task.SPLITS): neither is an RL or evaluation question."""
     held_out_rng = random.Random(f"held-out {seed}")
-    held_out = [calculator_task.make_task(held_out_rng) for _ in range(64)]
+    held_out = [calculator_task.make_task(held_out_rng, "warm_up_check") for _ in range(64)]
     return calculator_task.sft_examples(tasks, random.Random(seed), random_results, slipped_digits), held_out
 
 
@@ -170,10 +171,13 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
     demonstrator's copies, each right only most of the time (WARM_UP_SLIPPED_DIGITS)."""
     examples, held_out = warm_up_data(seed)
 
-    def solves_enough(model, tokenizer) -> bool:  # the copies first: one forward pass, not sampling
-        if min(copy_probabilities(model, tokenizer, held_out)) < WARM_UP_COPIED:
-            return False
-        return held_out_solved_share(model, tokenizer, held_out) >= WARM_UP_SOLVED
+    def solves_enough(model, tokenizer) -> training_loop.Check:  # the copies first: one forward pass
+        copied = min(copy_probabilities(model, tokenizer, held_out))
+        summary = f"least copied digit {copied:.2f} (stops at {WARM_UP_COPIED})"
+        if copied < WARM_UP_COPIED:
+            return training_loop.Check(False, summary)
+        solved = held_out_solved_share(model, tokenizer, held_out)
+        return training_loop.Check(solved >= WARM_UP_SOLVED, f"{summary}, solved {solved:.0%}")
 
     tools = [calculator_task.tool_schema()]
     return training_loop.sft_warmup(
@@ -190,7 +194,7 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
 
 
 def run_agent(iteration: training_loop.Iteration) -> int:
-    tasks = [calculator_task.make_task(iteration.rng) for _ in range(iteration.tasks)]
+    tasks = [calculator_task.make_task(iteration.rng, "rl") for _ in range(iteration.tasks)]
     agent_args = ("--base-url", iteration.base_url, "--model", iteration.model)
     rollouts = ("--rollouts", str(iteration.rollouts_per_task))
     work = ";".join(f"{question}={result}" for question, result in tasks)
