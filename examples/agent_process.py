@@ -78,6 +78,7 @@ class Iteration:
     workdir: Path
     otlp_endpoint: str
     agents: dict[tuple, AgentProcess] = field(default_factory=dict)  # kept across iterations by `run`
+    split: str = "train"  # "eval": the held-out evaluation pass (Example.run_eval), never trained on
 
     def _agent_env(self) -> dict[str, str]:
         return {**os.environ, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": self.otlp_endpoint}

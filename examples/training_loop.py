@@ -44,6 +44,8 @@ class Example:
     build_model: Callable[[Path, int], Path]  # (out_dir, seed) -> a Hugging Face folder
     warm_up: Callable[[Path, Path, int, float, int], Path] | None  # (base, out, steps, learning rate, seed)
     run_agent: Callable[[Iteration], int]  # runs one iteration's rollouts, returns how many it started
+    # runs the fixed held-out evaluation set once as split="eval" rollouts, returns how many it started
+    run_eval: Callable[[Iteration], int] | None = None
     tool_call_parser: str | None = None  # vLLM's --tool-call-parser
     max_model_len: int = 4096
     micro_batch_size: int = 64
@@ -61,6 +63,7 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
         "sft_learning_rate": 2e-3,
         "learning_rate": 2e-3,
         "warmup_steps": 0,
+        "eval_every": 10,
         **example.defaults,
     }
     parser = argparse.ArgumentParser(description=example.description)
@@ -79,6 +82,12 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=float, default=defaults["learning_rate"], help="the RL step's")
     parser.add_argument(
         "--warmup-steps", type=int, default=defaults["warmup_steps"], help="RL steps the learning rate rises over"
+    )
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=defaults["eval_every"],
+        help="run the held-out evaluation set before the first update, after every N iterations and at the end (0: never)",
     )
     parser.add_argument("--seed", type=int, default=0, help="the tiny model, the SFT data and the tasks drawn")
     parser.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. '--gpu-memory-utilization 0.4'")
@@ -153,14 +162,48 @@ def wait_for(
     return row
 
 
-def wait_for_rollouts(data_dir: Path, since_epoch: float, expected: int) -> tuple[int, int, float, float]:
-    """Wait until the iteration's rewarded rollouts are queryable: (rollouts, llm calls, mean reward, solved share)."""
+def wait_for_rollouts(
+    data_dir: Path, since_epoch: float, expected: int, split: str = "train"
+) -> tuple[int, int, float, float]:
+    """Wait until the iteration's rewarded rollouts of `split` are queryable: (rollouts, llm calls,
+    mean reward, solved share)."""
     query = """SELECT count(*), coalesce(sum(llm_calls), 0), avg(reward), avg((reward >= 1)::INT) FROM rollouts
-               WHERE reward IS NOT NULL AND start_time >= to_timestamp(?)"""
+               WHERE reward IS NOT NULL AND start_time >= to_timestamp(?) AND split = ?"""
     count, calls, mean_reward, solved = wait_for(
-        data_dir, query, lambda row: row[0] >= expected, f"{expected} rewarded rollouts", 120.0, [since_epoch]
+        data_dir,
+        query,
+        lambda row: row[0] >= expected,
+        f"{expected} rewarded {split} rollouts",
+        120.0,
+        [since_epoch, split],
     )
     return count, int(calls), mean_reward, solved
+
+
+EVAL_ROW = "eval | version {:>7} | {:>5} tasks | {:>5} rollouts | solved {:>6} [{} to {}] | mean reward {:.3f}"
+
+
+def eval_rows(data_dir: Path) -> list[tuple]:
+    """The held-out evaluation per policy version (`reward_by_version`, split 'eval'), oldest first:
+    (version, tasks, rollouts, solved, solved_low, solved_high, mean reward)."""
+    from lightning_otel.collector import connect
+
+    return rows(
+        connect(data_dir),
+        """SELECT version, tasks, rollouts, solved, solved_low, solved_high, mean_reward FROM reward_by_version
+           WHERE split = 'eval' ORDER BY last_end_time""",
+    )
+
+
+def run_eval_pass(example: Example, iteration: Iteration, data_dir: Path) -> None:
+    """The held-out set once, by the version now served; waits until it is queryable and prints its row."""
+    since = time.time()
+    expected = example.run_eval(iteration)
+    wait_for_rollouts(data_dir, since, expected, split="eval")
+    version, tasks, rollouts, solved, low, high, mean_reward = eval_rows(data_dir)[-1]
+    print(
+        EVAL_ROW.format(version, tasks, rollouts, f"{solved:.1%}", f"{low:.1%}", f"{high:.1%}", mean_reward), flush=True
+    )
 
 
 def train_config(workdir: Path, policy_dir: Path, collector, vllm, args: argparse.Namespace, micro_batch_size: int):
@@ -240,6 +283,15 @@ def print_summary(data_dir: Path) -> None:
     print(f"{'version':>7} | {'rollouts':>8} | {'mean reward':>11} | {'solved':>6}")
     for version, count, mean_reward, solved in reward_by_version(data_dir):
         print(f"{version:>7} | {count:>8} | {mean_reward:>11.3f} | {solved:>6.1%}")
+    evaluated = eval_rows(data_dir)
+    if evaluated:
+        print("\nheld-out evaluation by policy version (SQL: reward_by_version WHERE split = 'eval'; 95% interval):")
+        print(
+            f"{'version':>7} | {'tasks':>5} | {'rollouts':>8} | {'solved':>6} | {'interval':>15} | {'mean reward':>11}"
+        )
+        for version, tasks, count, solved, low, high, mean_reward in evaluated:
+            interval = f"{low:.1%} to {high:.1%}"
+            print(f"{version:>7} | {tasks:>5} | {count:>8} | {solved:>6.1%} | {interval:>15} | {mean_reward:>11.3f}")
     boundaries, merged, causes, histogram = merge_summary(data_dir)
     rollouts = sum(histogram)
     if rollouts:
@@ -293,13 +345,9 @@ def run(example: Example, argv: list[str] | None = None) -> int:
         vllm.start()
         print(f"vLLM answered /health {time.perf_counter() - vllm_began:.0f} s after its start", flush=True)
         config = train_config(workdir, policy_dir, collector, vllm, args, example.micro_batch_size)
-        print(HEADER, flush=True)
-        loop_began, done = time.monotonic(), 0
-        for number in range(1, args.iterations + 1):
-            if args.minutes is not None and time.monotonic() - loop_began > args.minutes * 60:
-                break
-            since = time.time()
-            iteration = Iteration(
+
+        def iteration_of(number: int, split: str = "train") -> Iteration:
+            return Iteration(
                 number,
                 vllm.base_url,
                 vllm.served_model_name,
@@ -309,8 +357,19 @@ def run(example: Example, argv: list[str] | None = None) -> int:
                 workdir,
                 collector.traces_endpoint,
                 agents,
+                split,
             )
-            expected = example.run_agent(iteration)
+
+        evaluating = example.run_eval is not None and args.eval_every > 0
+        if evaluating:  # before the first update: the starting point of the eval curve
+            run_eval_pass(example, iteration_of(0, "eval"), data_dir)
+        print(HEADER, flush=True)
+        loop_began, done, evaluated_at = time.monotonic(), 0, 0
+        for number in range(1, args.iterations + 1):
+            if args.minutes is not None and time.monotonic() - loop_began > args.minutes * 60:
+                break
+            since = time.time()
+            expected = example.run_agent(iteration_of(number))
             rollouts, calls, mean_reward, solved = wait_for_rollouts(data_dir, since, expected)
             summary = run_once(config)  # raises JobFailed (servers restored) if the swap or probe fails
             if summary.status != "trained":
@@ -332,6 +391,11 @@ def run(example: Example, argv: list[str] | None = None) -> int:
                 flush=True,
             )
             done = number
+            if evaluating and number % args.eval_every == 0:
+                run_eval_pass(example, iteration_of(number, "eval"), data_dir)
+                evaluated_at = number
+        if evaluating and done and evaluated_at != done:  # at the end: the last version's point
+            run_eval_pass(example, iteration_of(done, "eval"), data_dir)
         print(f"\n{done} iterations in {time.monotonic() - loop_began:.0f} s")
         _wait_for_train_spans(data_dir, done)
         print_summary(data_dir)

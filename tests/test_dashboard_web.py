@@ -196,6 +196,30 @@ def test_training_view_has_one_point_per_train_step(page, dashboard, store):
     assert totals == causes
 
 
+def test_training_view_draws_the_held_out_eval_beside_training(page, dashboard, store):
+    # The demo ran its held-out pairs before the first update and at the end (split 'eval').
+    evaluated = store.execute(
+        """SELECT policy_versions[1], count(*), avg(reward), avg((reward >= 1)::INT) FROM rollouts
+           WHERE split = 'eval' AND reward IS NOT NULL GROUP BY 1"""
+    ).fetchall()
+    assert len(evaluated) == 2, evaluated
+    open_view(page, dashboard.url + "#training")
+    points = page.locator("[data-testid=eval-per-version] circle[data-version]").evaluate_all(
+        "ds => ds.map(d => [d.dataset.version, d.dataset.value])"
+    )
+    assert sorted((v, float(x)) for v, x in points) == sorted((v, pytest.approx(m)) for v, _, m, _ in evaluated)
+    rows = page.locator("table.eval-versions tbody tr").evaluate_all(
+        "rs => rs.map(r => [r.dataset.version, r.dataset.solved])"
+    )
+    assert sorted((v, float(x)) for v, x in rows) == sorted((v, pytest.approx(s)) for v, _, _, s in evaluated)
+    assert page.locator("[data-testid=eval-per-version] .legend").inner_text().split() == [
+        "training",
+        "rollouts",
+        "held-out",
+        "eval",
+    ]
+
+
 def test_explorer_lists_and_filters_rollouts(page, dashboard, store):
     open_view(page, dashboard.url + "#rollouts")
     total = store.execute("SELECT count(*) FROM rollouts").fetchone()[0]

@@ -58,14 +58,14 @@ def check_loop(output: str, data_dir: Path, rollouts_per_iteration: int) -> None
     # Which weights served each rollout, from the versions vLLM reported on its LLM spans.
     served = conn.execute("""
         SELECT list_sort(list(DISTINCT v)) FROM (
-            SELECT rollout_id, unnest(policy_versions) AS v FROM rollouts WHERE reward IS NOT NULL)
+            SELECT rollout_id, unnest(policy_versions) AS v FROM rollouts WHERE reward IS NOT NULL AND split = 'train')
         GROUP BY rollout_id""").fetchall()
     by_version: dict[str, int] = {}
     for (versions,) in served:
         assert len(versions) == 1, versions  # a rollout runs between two swaps: one version
         by_version[versions[0]] = by_version.get(versions[0], 0) + 1
     first = conn.execute(
-        "SELECT any_value(policy_versions[1]) FROM rollouts WHERE policy_versions[1] <> '1'"
+        "SELECT any_value(policy_versions[1]) FROM rollouts WHERE policy_versions[1] <> '1' AND split = 'train'"
     ).fetchone()[0]
     assert by_version == {first: rollouts_per_iteration, "1": rollouts_per_iteration}
     calls = conn.execute("""SELECT count(*), count(*) FILTER (WHERE len(completion_token_ids) = len(completion_logprobs)
@@ -95,6 +95,16 @@ def test_tool_use_example(tmp_path):
     boundaries = sum(merge_causes(data_dir).values())
     assert boundaries >= two_calls
     assert "merge boundaries (SQL: merge_diagnostics)" in output
+    # The held-out set ran before the first update and at the end, as eval rollouts no step trained on
+    # (check_loop: each step trained exactly the iteration's 8 train rollouts).
+    evaluated = conn.execute("""SELECT policy_versions[1], count(*), count(DISTINCT task_id) FROM rollouts
+                                WHERE split = 'eval' AND reward IS NOT NULL GROUP BY 1 ORDER BY 1""").fetchall()
+    assert [(count, tasks) for _, count, tasks in evaluated] == [(64, 64), (64, 64)], evaluated
+    assert evaluated[0][0] == "2" and evaluated[1][0] != "1", evaluated  # the last version, and the first
+    eval_lines = [line for line in output.splitlines() if line.startswith("eval | version")]
+    assert len(eval_lines) == 2 and "held-out evaluation by policy version" in output, output[-3000:]
+    trained = conn.execute("SELECT sum(rollouts) FROM train_steps").fetchone()[0]
+    assert trained == conn.execute("SELECT count(*) FROM rollouts WHERE split = 'train'").fetchone()[0] == 16
 
 
 def test_text_to_sql_example(tmp_path):

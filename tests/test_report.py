@@ -307,6 +307,14 @@ def test_demo_report_matches_sql(demo_run, tmp_path):
     assert f"{first:.3f} (step " in markdown and f"-> {last:.3f} (step " in markdown
     boundaries, rate = one("SELECT count(*), avg(merged::INT) FROM merge_diagnostics")
     assert f"Merge rate: {100 * rate:.1f}% of {boundaries} boundaries" in markdown
+    # The held-out evaluation (the demo runs its held-out pairs before the first update and at the end).
+    evaluated = conn.execute(
+        "SELECT version, tasks, rollouts, solved FROM reward_by_version WHERE split = 'eval'"
+    ).fetchall()
+    assert len(evaluated) == 2 and "Held-out evaluation" in markdown
+    for version, tasks, rollouts, solved in evaluated:
+        cells = _cells(markdown, version, "eval version")
+        assert cells[:2] == [str(tasks), str(rollouts)] and cells[3].startswith(f"{solved:.1%} ["), cells
     for model, calls, p50, p95 in conn.execute("""SELECT model_name, count(*), quantile_cont(duration_ms, 0.5),
             quantile_cont(duration_ms, 0.95) FROM llm_calls GROUP BY 1""").fetchall():
         assert _cells(markdown, model, "model")[:3] == [str(calls), f"{p50:.1f}", f"{p95:.1f}"]

@@ -31,8 +31,8 @@ def check_answer(reply: str) -> bool:
     return digit_sum.formatted(reply)
 
 
-def run_rollout(client: openai.OpenAI, model: str, a: int, b: int, max_tokens: int) -> float:
-    with lightning_otel.rollout(task_id=f"{a}+{b}"):
+def run_rollout(client: openai.OpenAI, model: str, a: int, b: int, max_tokens: int, split: str = "train") -> float:
+    with lightning_otel.rollout(task_id=f"{a}+{b}", split=split):
         messages = digit_sum.messages(a, b)
         reply = ""
         for call in range(3):
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollouts", type=int, default=4, help="rollouts per task (the GRPO group size)")
     parser.add_argument("--max-tokens", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--split", default="train", choices=("train", "eval"), help="eval: never trained on")
     args = parser.parse_args(argv)
 
     instrumentation = lightning_otel.instrument(service_name="demo-agent")
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     tasks = [tuple(int(x) for x in task.split("+")) for task in args.tasks.split(",")]
     jobs = [(a, b) for a, b in tasks for _ in range(args.rollouts)]
     with ThreadPoolExecutor(args.concurrency) as pool:
-        rewards = list(pool.map(lambda job: run_rollout(client, args.model, *job, args.max_tokens), jobs))
+        rewards = list(pool.map(lambda job: run_rollout(client, args.model, *job, args.max_tokens, args.split), jobs))
     instrumentation.flush()
     print(f"demo agent: {len(rewards)} rollouts, mean reward {sum(rewards) / len(rewards):.3f}")
 

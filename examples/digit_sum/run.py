@@ -31,20 +31,21 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
     return digit_sum.sft_warmup(base, out, steps=steps, learning_rate=learning_rate, seed=seed)
 
 
+def _run(iteration: training_loop.Iteration, pairs: list[tuple[int, int]], rollouts: int) -> int:
+    tasks = ",".join(f"{a}+{b}" for a, b in pairs)
+    script = HERE / "digit_sum_agent.py"
+    flags = ("--base-url", iteration.base_url, "--model", iteration.model, "--split", iteration.split)
+    iteration.run_script(script, *flags, "--tasks", tasks, "--rollouts", str(rollouts))
+    return len(pairs) * rollouts
+
+
 def run_agent(iteration: training_loop.Iteration) -> int:
-    tasks = [f"{a}+{b}" for a, b in iteration.rng.sample(digit_sum.TRAIN, iteration.tasks)]
-    iteration.run_script(
-        HERE / "digit_sum_agent.py",
-        "--base-url",
-        iteration.base_url,
-        "--model",
-        iteration.model,
-        "--tasks",
-        ",".join(tasks),
-        "--rollouts",
-        str(iteration.rollouts_per_task),
-    )
-    return len(tasks) * iteration.rollouts_per_task
+    return _run(iteration, iteration.rng.sample(digit_sum.TRAIN, iteration.tasks), iteration.rollouts_per_task)
+
+
+def run_eval(iteration: training_loop.Iteration) -> int:
+    """The held-out pairs (digit_sum.HELD_OUT: never in the warm-up or the RL tasks), one rollout each."""
+    return _run(iteration, digit_sum.HELD_OUT, 1)
 
 
 EXAMPLE = training_loop.Example(
@@ -53,6 +54,7 @@ EXAMPLE = training_loop.Example(
     build_model=build_model,
     warm_up=warm_up,
     run_agent=run_agent,
+    run_eval=run_eval,
     defaults={"iterations": 15, "tasks": 8, "rollouts_per_task": 8, "sft_steps": 40},
 )
 

@@ -48,8 +48,8 @@ def make_agent(base_url: str, model: str, max_tokens: int) -> Agent:
     )
 
 
-async def run_rollout(agent: Agent, question: str, result: int, max_turns: int) -> float:
-    with lightning_otel.rollout(task_id=question):
+async def run_rollout(agent: Agent, question: str, result: int, max_turns: int, split: str) -> float:
+    with lightning_otel.rollout(task_id=question, split=split):
         try:
             answer = (await Runner.run(agent, question, max_turns=max_turns)).final_output
         except AgentsException:  # too many turns, a malformed tool call: no answer
@@ -59,12 +59,14 @@ async def run_rollout(agent: Agent, question: str, result: int, max_turns: int) 
         return value
 
 
-async def run_all(agent: Agent, jobs: list[tuple[str, int]], max_turns: int, concurrency: int) -> list[float]:
+async def run_all(
+    agent: Agent, jobs: list[tuple[str, int]], max_turns: int, concurrency: int, split: str
+) -> list[float]:
     limit = asyncio.Semaphore(concurrency)
 
     async def one(question: str, result: int) -> float:
         async with limit:
-            return await run_rollout(agent, question, result, max_turns)
+            return await run_rollout(agent, question, result, max_turns, split)
 
     return await asyncio.gather(*(one(question, result) for question, result in jobs))
 
@@ -73,10 +75,10 @@ def parse_tasks(line: str) -> list[tuple[str, int]]:
     return [(question, int(result)) for question, result in (task.rsplit("=", 1) for task in line.split(";"))]
 
 
-async def serve(agent: Agent, instrumentation, rollouts: int, max_turns: int, concurrency: int) -> None:
+async def serve(agent: Agent, instrumentation, args: argparse.Namespace) -> None:
     while line := (await asyncio.to_thread(sys.stdin.readline)).strip():
-        jobs = [task for task in parse_tasks(line) for _ in range(rollouts)]
-        rewards = await run_all(agent, jobs, max_turns, concurrency)
+        jobs = [task for task in parse_tasks(line) for _ in range(args.rollouts)]
+        rewards = await run_all(agent, jobs, args.max_turns, args.concurrency, args.split)
         await asyncio.to_thread(instrumentation.flush)
         # the answer line training_loop.AgentProcess waits for (its ANSWER_PREFIX)
         print(f"@answer {len(rewards)} rollouts, mean reward {sum(rewards) / len(rewards):.3f}", flush=True)
@@ -90,11 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--max-turns", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--split", default="train", choices=("train", "eval"), help="eval: never trained on")
     args = parser.parse_args(argv)
 
     instrumentation = lightning_otel.instrument(service_name="tool-use-agent")
     agent = make_agent(args.base_url, args.model, args.max_tokens)
-    asyncio.run(serve(agent, instrumentation, args.rollouts, args.max_turns, args.concurrency))
+    asyncio.run(serve(agent, instrumentation, args))
 
 
 if __name__ == "__main__":

@@ -193,13 +193,21 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
     )
 
 
+def _ask(iteration: training_loop.Iteration, tasks: list[tuple[str, int]], rollouts: int) -> int:
+    agent_args = ("--base-url", iteration.base_url, "--model", iteration.model, "--split", iteration.split)
+    work = ";".join(f"{question}={result}" for question, result in tasks)
+    iteration.ask_agent(HERE / "calculator_agent.py", (*agent_args, "--rollouts", str(rollouts)), work)
+    return len(tasks) * rollouts
+
+
 def run_agent(iteration: training_loop.Iteration) -> int:
     tasks = [calculator_task.make_task(iteration.rng, "rl") for _ in range(iteration.tasks)]
-    agent_args = ("--base-url", iteration.base_url, "--model", iteration.model)
-    rollouts = ("--rollouts", str(iteration.rollouts_per_task))
-    work = ";".join(f"{question}={result}" for question, result in tasks)
-    iteration.ask_agent(HERE / "calculator_agent.py", agent_args + rollouts, work)
-    return len(tasks) * iteration.rollouts_per_task
+    return _ask(iteration, tasks, iteration.rollouts_per_task)
+
+
+def run_eval(iteration: training_loop.Iteration) -> int:
+    """The held-out set (calculator_task.eval_tasks: no warm-up or RL question), one rollout each."""
+    return _ask(iteration, calculator_task.eval_tasks(), 1)
 
 
 EXAMPLE = training_loop.Example(
@@ -208,6 +216,7 @@ EXAMPLE = training_loop.Example(
     build_model=build_model,
     warm_up=warm_up,
     run_agent=run_agent,
+    run_eval=run_eval,
     tool_call_parser="hermes",
     # 16 tasks x 8 rollouts per step at 6e-4: the answer's first-digit copy, which RL must finish in some
     # seeds, rose about twice as fast per minute as with 8 tasks at 3e-4 (BENCHMARKS.md, "RL settings")

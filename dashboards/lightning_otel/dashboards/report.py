@@ -140,7 +140,10 @@ class ReportData:
     train_steps: list[tuple]  # (step, version, rollouts, samples, mean_reward, loss, swap_seconds), by step
     samples_per_rollout: list[int]  # element k: rollouts that became k + 1 samples, summed over the steps
     calls_per_rollout: list[tuple[int, int]]  # (LLM calls, rollouts): the fallback when there are no steps
-    versions: list[tuple]  # (label, rollouts, with reward, mean reward), by first rollout start
+    versions: list[tuple]  # training rollouts: (label, rollouts, with reward, mean reward), by first rollout start
+    # held-out evaluation (split 'eval'): (version, tasks, rollouts, mean reward, its 95% low, high,
+    # solved share, its 95% low, high), by last rollout end
+    evaluation: list[tuple]
     merges: int
     merged: int
     merge_causes: list[tuple[str, int]]  # failed boundaries by cause, most frequent first
@@ -149,6 +152,8 @@ class ReportData:
 
 
 def _gather(conn) -> ReportData:
+    from lightning_otel.collector.query import reward_by_version_sql
+
     one = lambda sql: conn.execute(sql).fetchone()  # noqa: E731
     rows = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
     first_time, last_time = one("SELECT min(start_time), max(end_time) FROM w_rollouts")
@@ -185,7 +190,10 @@ def _gather(conn) -> ReportData:
         # A rollout whose calls were served by several versions (a swap mid-rollout) gets its own row, "1, 2".
         versions=rows("""SELECT coalesce(nullif(array_to_string(policy_versions, ', '), ''), '(none)') AS label,
                                 count(*), count(reward), avg(reward)
-                         FROM w_rollouts GROUP BY label ORDER BY min(start_time)"""),
+                         FROM w_rollouts WHERE split <> 'eval' GROUP BY label ORDER BY min(start_time)"""),
+        evaluation=rows(f"""SELECT version, tasks, rollouts, mean_reward, reward_low, reward_high,
+                                   solved, solved_low, solved_high
+                            FROM ({reward_by_version_sql("w_rollouts")}) WHERE split = 'eval' ORDER BY last_end_time"""),
         merges=merges,
         merged=merged,
         merge_causes=rows("""SELECT coalesce(cause, '(none)'), count(*) FROM w_merges WHERE NOT merged
@@ -287,13 +295,22 @@ def _markdown(data_dir: str, window: Window, data: ReportData, notes: dict[str, 
         lines += _elided(data.train_steps, "steps")
     else:
         lines.append("No train steps in the window.")
-    lines += ["", "Mean rollout reward by the policy version(s) that served the rollout's LLM calls:", ""]
+    lines += ["", "Mean reward of training rollouts by the policy version(s) that served their LLM calls:", ""]
     lines += _table(
         ["policy version", "rollouts", "with reward", "mean reward"],
         [[label, n, rewarded, _num(mean)] for label, n, rewarded, mean in _ends(data.versions)]
         or [["(no rollouts)", 0, 0, "n/a"]],
     )
     lines += _elided(data.versions, "versions")
+    if data.evaluation:
+        lines += ["", "Held-out evaluation (rollouts with split 'eval', never trained on), with 95% intervals:", ""]
+        lines += _table(
+            ["eval version", "tasks", "rollouts", "mean reward", "solved"],
+            [
+                [v, tasks, n, f"{_num(mean)} [{_num(low)}, {_num(high)}]", f"{solved:.1%} [{slow:.1%}, {shigh:.1%}]"]
+                for v, tasks, n, mean, low, high, solved, slow, shigh in data.evaluation
+            ],
+        )
     lines += ["", f"![reward curve]({REWARD_PNG})", "", "## Merges and samples", ""]
     if data.merges:
         lines.append(
@@ -358,7 +375,7 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     notes = {
-        REWARD_PNG: report_plots.reward_curve(out / REWARD_PNG, data.train_steps, data.versions),
+        REWARD_PNG: report_plots.reward_curve(out / REWARD_PNG, data.train_steps, data.versions, data.evaluation),
         SAMPLES_PNG: report_plots.samples_per_rollout(
             out / SAMPLES_PNG, data.samples_per_rollout, data.calls_per_rollout
         ),

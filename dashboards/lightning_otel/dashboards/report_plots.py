@@ -26,8 +26,10 @@ def _no_data(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple]) -> str:
-    """Left: mean reward per train step. Right: mean rollout reward per policy version."""
+def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple], evaluation: list[tuple] = ()) -> str:
+    """Left: mean reward per train step. Right: mean rollout reward per policy version, training
+    rollouts and, beside them, the held-out evaluation's (`evaluation`: report.ReportData's rows) with
+    its 95% interval."""
     figure, (by_step, by_version) = _figure(2)
     points = [(step, reward) for step, _v, _r, _n, reward, *_ in train_steps if reward is not None]
     by_step.set_title("Mean reward per train step (train_steps)")
@@ -41,10 +43,31 @@ def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple]) ->
         _no_data(by_step, "no train steps in the window")
     rewarded = [(label, n, mean) for label, _all, n, mean in versions if mean is not None]
     by_version.set_title("Mean rollout reward per policy version (rollouts)")
-    if rewarded:
-        # Versions are categories in the order they first served a rollout (labels may be "1, 2").
-        x = list(range(len(rewarded)))
-        by_version.plot(x, [r[2] for r in rewarded], marker="s", color="tab:orange")
+    if rewarded or evaluation:
+        # Versions are categories in the order they first served a rollout (labels may be "1, 2");
+        # a version only the evaluation saw (the last one) comes after them.
+        labels = [r[0] for r in rewarded]
+        labels += [str(row[0]) for row in evaluation if str(row[0]) not in labels]
+        x = list(range(len(labels)))
+        if rewarded:
+            by_version.plot(
+                [labels.index(r[0]) for r in rewarded],
+                [r[2] for r in rewarded],
+                marker="s",
+                color="tab:orange",
+                label="training rollouts",
+            )
+        if evaluation:
+            at = [labels.index(str(row[0])) for row in evaluation]
+            means = [row[3] for row in evaluation]
+            spread = [
+                [m - row[4] for m, row in zip(means, evaluation)],
+                [row[5] - m for m, row in zip(means, evaluation)],
+            ]
+            by_version.errorbar(
+                at, means, yerr=spread, marker="o", color="tab:green", capsize=3, label="held-out eval (95%)"
+            )
+            by_version.legend(fontsize=8)
         sizes = {n for _label, n, _mean in rewarded}
         if len(rewarded) <= 8:
             for i, (_label, n, mean) in enumerate(rewarded):
@@ -53,9 +76,9 @@ def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple]) ->
                 )
         elif len(sizes) == 1:  # too many points to label each; say it once when it is the same
             by_version.set_title(f"Mean rollout reward per policy version ({sizes.pop()} rollouts each)")
-        every = max(1, len(rewarded) // 15)  # at most ~15 tick labels
-        tilt = {"rotation": 30, "ha": "right", "rotation_mode": "anchor"} if len(rewarded) > 8 else {}
-        by_version.set_xticks(x[::every], [r[0] for r in rewarded][::every], **tilt)
+        every = max(1, len(labels) // 15)  # at most ~15 tick labels
+        tilt = {"rotation": 30, "ha": "right", "rotation_mode": "anchor"} if len(labels) > 8 else {}
+        by_version.set_xticks(x[::every], labels[::every], **tilt)
         by_version.set_xlabel("policy version that served the rollout's LLM calls")
         by_version.set_ylabel("mean rollout reward")
         by_version.margins(x=0.1, y=0.15)  # room for the n= labels

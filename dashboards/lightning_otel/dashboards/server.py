@@ -264,6 +264,12 @@ class DashboardServer(ThreadingHTTPServer):
                 self._queries = QueryLimiter(self.data_dir, self.query_timeout_s, self.query_max_concurrent)
             return self._queries
 
+    def server_close(self) -> None:
+        super().server_close()
+        with self._queries_lock:
+            if self._queries is not None:
+                self._queries.close()  # its query worker processes
+
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]

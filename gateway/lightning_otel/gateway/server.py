@@ -10,6 +10,8 @@ Linking calls to rollouts without code changes:
     /rollout/{rollout_id}/v1/...                 or  /rollout/{rollout_id}/task/{task_id}/v1/...
     headers X-Rollout-Id / X-Task-Id             and a W3C `traceparent` joins the caller's trace
     POST /rollout/{rollout_id}[/task/{task_id}]/reward  {"value": 1.0, "name": "reward"}
+    an evaluation rollout (never trained on): /rollout/{rollout_id}[/task/{task_id}]/split/eval/...
+    or the header X-Rollout-Split: eval
 
 Reliability: connection errors and 5xx are retried with backoff on the next replica before any
 byte reaches the client; calls of one rollout go to the same replica (rendezvous hashing: prefix
@@ -98,7 +100,8 @@ class Gateway:
             middlewares=[errors_middleware(self.config.max_body_bytes), self._auth],
         )
         app.router.add_get("/health", lambda _: web.Response(text="ok"))
-        for prefix in ("", "/rollout/{rollout_id}", "/rollout/{rollout_id}/task/{task_id}"):
+        rollout_prefixes = ("/rollout/{rollout_id}", "/rollout/{rollout_id}/task/{task_id}")
+        for prefix in ("", *rollout_prefixes, *(p + "/split/{split}" for p in rollout_prefixes)):
             app.router.add_route("*", prefix + "/v1/{path:.*}", self.proxy)
             if prefix:
                 app.router.add_post(prefix + "/reward", self.reward)
@@ -173,11 +176,16 @@ class Gateway:
     def _rollout(request: web.Request) -> dict[str, Any]:
         rollout_id = request.match_info.get("rollout_id") or request.headers.get("X-Rollout-Id")
         task_id = request.match_info.get("task_id") or request.headers.get("X-Task-Id")
+        split = request.match_info.get("split") or request.headers.get("X-Rollout-Split") or schema.SPLIT_TRAIN
+        if split not in schema.SPLITS:
+            raise web.HTTPBadRequest(text=f"the rollout's split must be one of {', '.join(schema.SPLITS)}, not {split!r}")
         identity: dict[str, Any] = {}
         if rollout_id:
             identity[schema.ROLLOUT_ID] = rollout_id
         if task_id:
             identity[schema.TASK_ID] = task_id
+        if split != schema.SPLIT_TRAIN:  # absent means train, as instrument()'s rollout() writes it
+            identity[schema.ROLLOUT_SPLIT] = split
         return identity
 
     # -- proxy -------------------------------------------------------------------------------------

@@ -68,9 +68,11 @@ function makeSql(S) {
              swap_seconds, merge_rate, masked_tokens, strftime(time, ${TIME}) AS time
       FROM train_steps ORDER BY step, time`,
     rewardByVersion: `
-      SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward
-      FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1
-      GROUP BY 1 ORDER BY ${BY_VERSION}`,
+      SELECT version, rollouts, mean_reward FROM reward_by_version WHERE split = 'train' ORDER BY ${BY_VERSION}`,
+    // The held-out evaluation (rollouts marked split 'eval', never trained on), with 95% intervals.
+    evalByVersion: `
+      SELECT version, tasks, rollouts, mean_reward, reward_low, reward_high, solved, solved_low, solved_high
+      FROM reward_by_version WHERE split = 'eval' ORDER BY ${BY_VERSION}`,
     // Element k of each step's histogram counts rollouts that became k + 1 samples: summed over steps.
     samplesPerRollout: `
       SELECT samples, sum(rollouts)::BIGINT AS rollouts FROM (

@@ -1,4 +1,5 @@
-// Training: what each optimizer step did (train_steps), reward per policy version (rollouts),
+// Training: what each optimizer step did (train_steps), reward per policy version (reward_by_version:
+// training rollouts and the held-out evaluation side by side),
 // how rollouts became samples, why merges failed (merge_diagnostics), and what the trainer left out
 // of the loss (input_diagnostics).
 
@@ -12,8 +13,8 @@ const STEP_METRICS = [
 ];
 
 export async function renderTraining(root, { sql, query }) {
-  const [steps, byVersion, histogram, [merges], causes, failed, leftOut] = await Promise.all([
-    query(sql.trainSteps), query(sql.rewardByVersion), query(sql.samplesPerRollout),
+  const [steps, byVersion, evaluated, histogram, [merges], causes, failed, leftOut] = await Promise.all([
+    query(sql.trainSteps), query(sql.rewardByVersion), query(sql.evalByVersion), query(sql.samplesPerRollout),
     query(sql.mergeSummary), query(sql.mergeCauses), query(sql.failedMerges), query(sql.inputCauses),
   ]);
   const mergeRate = merges.boundaries ? merges.merged / merges.boundaries : null;
@@ -40,6 +41,8 @@ export async function renderTraining(root, { sql, query }) {
   }], { width: 1100, height: 230, xLabel: "step", yLabel: "mean reward", integerX: true, testid: "reward-per-step" }));
   root.append(reward);
 
+  root.append(evalSection(byVersion, evaluated));
+
   const small = html(`<div class="small-multiples"></div>`);
   for (const [column, label] of STEP_METRICS.slice(1)) {
     const box = section(label);
@@ -51,7 +54,7 @@ export async function renderTraining(root, { sql, query }) {
 
   const grid = html(`<div class="two-col"></div>`);
   const versions = section("Mean reward per policy version",
-    "<code>rollouts</code> served by one policy version (<code>policy_versions</code>), reward reported");
+    "training <code>rollouts</code> served by one policy version (<code>reward_by_version</code>, split train)");
   versions.append(barChart(byVersion.map((v) => ({
     label: v.version, value: v.mean_reward, title: `version ${v.version}: ${fmt(v.mean_reward)} over ${v.rollouts} rollouts`,
     attrs: { "data-version": v.version, "data-value": v.mean_reward ?? "" },
@@ -91,4 +94,30 @@ export async function renderTraining(root, { sql, query }) {
     ...STEP_METRICS.map(([column, label]) => [column, label, column === "merge_rate" ? pct : undefined]),
   ], { rowAttrs: (s) => ({ "data-step": s.step, "data-mean-reward": s.mean_reward ?? "" }), className: "train-steps" }));
   root.append(all);
+}
+
+// Train and held-out eval mean reward per policy version on one axis (versions in serving order), and
+// the eval rows with their 95% intervals: the curve that says whether training generalises.
+function evalSection(byVersion, evaluated) {
+  const box = section("Held-out evaluation per policy version",
+    "<code>reward_by_version</code>: rollouts marked <code>split = 'eval'</code> (never trained on) beside training rollouts; 95% intervals");
+  if (evaluated.length === 0) {
+    box.append(html(`<p class="empty" data-testid="eval-empty">No evaluation rollouts yet: run the harness on held-out tasks with <code>rollout(task_id=..., split="eval")</code>.</p>`));
+    return box;
+  }
+  const order = [...new Set([...byVersion.map((v) => v.version), ...evaluated.map((v) => v.version)])];
+  const at = (version) => order.indexOf(version);
+  box.append(lineChart([
+    { name: "training rollouts", points: byVersion.map((v) => ({ x: at(v.version), y: v.mean_reward,
+      title: `version ${v.version}, training: ${fmt(v.mean_reward)} over ${v.rollouts} rollouts` })) },
+    { name: "held-out eval", points: evaluated.map((v) => ({ x: at(v.version), y: v.mean_reward,
+      title: `version ${v.version}, eval: ${fmt(v.mean_reward)} [${fmt(v.reward_low)}, ${fmt(v.reward_high)}] over ${v.tasks} tasks`,
+      attrs: { "data-version": v.version, "data-value": v.mean_reward ?? "" } })) },
+  ], { width: 1100, height: 230, xLabel: `policy version (${order.join(", ")})`, yLabel: "mean reward", integerX: true, testid: "eval-per-version" }));
+  box.append(table(evaluated, [
+    ["version", "version", esc], ["tasks", "tasks"], ["rollouts", "rollouts"],
+    ["mean_reward", "mean reward", (v, r) => `${fmt(v)} [${fmt(r.reward_low)}, ${fmt(r.reward_high)}]`],
+    ["solved", "solved", (v, r) => `${pct(v)} [${pct(r.solved_low)}, ${pct(r.solved_high)}]`],
+  ], { rowAttrs: (r) => ({ "data-version": r.version, "data-solved": r.solved ?? "" }), className: "eval-versions" }));
+  return box;
 }
