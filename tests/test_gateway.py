@@ -260,3 +260,36 @@ def test_every_error_is_openai_style_json_and_the_body_limit_is_a_flag(session_c
         assert body["error"]["code"] == status and body["error"]["message"] and body["error"]["type"], name
     assert "4096 bytes" in answers["one byte over the limit"][1][2]["error"]["message"]
     assert too_large.value.status_code == 413 and "--max-body-bytes" in too_large.value.message
+
+
+def test_eval_rollouts_through_the_gateway_are_recorded_and_never_selected(gateway, session_collector):
+    by_path, by_header = f"eval-path-{uuid.uuid4().hex[:8]}", f"eval-header-{uuid.uuid4().hex[:8]}"
+    ask = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    openai.OpenAI(
+        base_url=f"{gateway.url}/rollout/{by_path}/task/held-out/split/eval/v1", api_key="x"
+    ).chat.completions.create(**ask)
+    openai.OpenAI(
+        base_url=f"{gateway.url}/rollout/{by_header}/task/held-out/v1",
+        api_key="x",
+        default_headers={"X-Rollout-Split": "eval"},
+    ).chat.completions.create(**ask)
+    for rollout_id in (by_path, by_header):
+        request = urllib.request.Request(
+            f"{gateway.url}/rollout/{rollout_id}/task/held-out/split/eval/reward", data=b'{"value": 1.0}', method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            assert json.loads(reply.read()) == {"recorded": True}
+    with pytest.raises(openai.BadRequestError, match="split must be one of train, eval"):
+        openai.OpenAI(base_url=f"{gateway.url}/rollout/x/task/t/split/test/v1", api_key="x").chat.completions.create(
+            **ask
+        )
+    rows = _rows(
+        session_collector,
+        "SELECT rollout_id, split, llm_calls FROM rollouts WHERE rollout_id IN (?, ?) AND reward IS NOT NULL ORDER BY 1",
+        [by_header, by_path],
+        2,
+    )
+    assert rows == sorted([(by_path, "eval", 1), (by_header, "eval", 1)])
+    ids = f"'{by_path}', '{by_header}'"
+    selection = select_rollouts(connect(session_collector.data_dir), where=f"rollout_id IN ({ids})")
+    assert selection.rollouts == [] and selection.excluded == {}  # not candidates at all

@@ -69,12 +69,14 @@ def imports(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, str
 
 
 def is_module(dotted: str) -> bool:
-    """Whether a dotted name is a module or package of this repository (a file or folder)."""
+    """Whether a dotted name is a module or package of this repository (a file or folder). A C
+    extension counts by its source (`_name.c`), built or not: the answer must not depend on whether
+    the extensions were compiled in place."""
     part = part_of_module(dotted)
     if part is None:
         return False
     path = ROOT / part / Path(*dotted.split("."))
-    return path.with_suffix(".py").exists() or path.is_dir() or any(path.parent.glob(path.name + ".*.so"))
+    return path.with_suffix(".py").exists() or path.is_dir() or path.with_suffix(".c").exists()
 
 
 def violations(importer_part: str | None, layer: int, path: Path, module: str) -> list[str]:
