@@ -2,6 +2,7 @@
 
     python bench/collector_ingest.py --payload a --requests 60 --senders 4
     python bench/collector_ingest.py --payload b --requests 60 --senders 4
+    python bench/collector_ingest.py --payload c --requests 20000 --senders 4   # one span per request
     python bench/collector_ingest.py --payload a --requests 20 --micro   # the receiver's steps alone
     python bench/collector_ingest.py --payload b --target http://127.0.0.1:6006/v1/traces   # another receiver
     python bench/collector_ingest.py --payload b --token-encoding base64 --requests 20 --against phoenix \
@@ -9,9 +10,10 @@
 
 Reports acknowledged spans/s and MB/s, p50/p99 ack latency, seconds from the last ack until every
 span is queryable, spans/s sustained into Parquet (first send -> all queryable), and the peak RSS of
-the collector with its worker processes. Payloads are defined in payloads.py. With `--against
-phoenix`, the same bodies then go to Arize Phoenix (its own venv, bench/phoenix_server.py), and the
-ratios of acknowledged and stored spans/s are printed.
+the collector with its worker processes. Payloads are defined in payloads.py; (c) is one training
+span of (b)'s shape per request, as an exporter with OpenTelemetry's SimpleSpanProcessor sends them.
+With `--against phoenix`, the same bodies then go to Arize Phoenix (its own venv,
+bench/phoenix_server.py), and the ratios of acknowledged and stored spans/s are printed.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from payloads import build_request
 
 from lightning_otel.collector.span_rows import decode_request
 
-PAYLOADS = {"a": (1000, False), "b": (200, True)}
+PAYLOADS = {"a": (1000, False), "b": (200, True), "c": (1, True)}  # spans per request, training
 
 
 def variants(base: bytes, count: int, seed: int) -> list[bytes]:
@@ -162,6 +164,7 @@ def ack_figures(records: list[tuple], total_spans: int, total_bytes: int) -> dic
     latencies = sorted((r[1] - r[0]) * 1000 for r in records)
     return {
         "non_200": sum(1 for r in records if r[2] != 200),
+        "ack_requests_per_s": len(records) / send_s,
         "ack_spans_per_s": total_spans / send_s,
         "ack_mb_per_s": total_bytes / send_s / 1e6,
         "ack_p50_ms": statistics.median(latencies),

@@ -35,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -88,8 +89,10 @@ print(json.dumps(result))
 """
 
 
-def run(mode: str, url: str, calls: int, endpoint: str) -> dict:
+def run(mode: str, url: str, calls: int, endpoint: str, client_path: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k != "OTEL_SEMCONV_STABILITY_OPT_IN"}  # it would turn GenAI on
+    if client_path:  # another checkout's agent side (core/ and instrument/), for a before/after in one run
+        env["PYTHONPATH"] = os.pathsep.join([f"{client_path}/instrument", f"{client_path}/core"])
     out = subprocess.run(
         [sys.executable, "-c", CLIENT, mode, url, str(calls), endpoint],
         capture_output=True,
@@ -112,7 +115,14 @@ def main() -> None:
         "as vLLM does, so the bare client does not parse them; always: every answer carries them, "
         "which isolates the instrumentation's own work",
     )
+    parser.add_argument(
+        "--baseline",
+        default="",
+        help="a folder with another version's core/ and instrument/ (e.g. `git archive HEAD core instrument`, with the "
+        "built .so files copied in): its lean mode runs too, as lean@baseline, interleaved with the others",
+    )
     args = parser.parse_args()
+    began = time.perf_counter()
     modes = tuple(dict.fromkeys(["bare", *args.modes.split(",")]))  # bare is the baseline
     if not set(modes) <= set(MODES):
         parser.error(f"unknown modes: {sorted(set(modes) - set(MODES))}")
@@ -128,9 +138,10 @@ def main() -> None:
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/weight_info", 30, stub, "stub")
         with CollectorProcess(Path(workdir) / "data") as collector:
-            for mode in modes * 2:
+            for mode in (modes + (("lean@baseline",) if args.baseline else ())) * 2:
+                name, client_path = (mode.split("@")[0], args.baseline) if "@" in mode else (mode, "")
                 for key, value in run(
-                    mode, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint
+                    name, f"http://127.0.0.1:{port}/v1", args.calls, collector.traces_endpoint, client_path
                 ).items():
                     results.setdefault(mode, {}).setdefault(key, []).extend(
                         value if isinstance(value, list) else [value]
@@ -142,7 +153,7 @@ def main() -> None:
     print(
         f"{'mode':>20} | added, paired (median) | added, separate (median) | added CPU per call | rollout() open+close"
     )
-    for mode in modes:
+    for mode in modes + (("lean@baseline",) if args.baseline else ()):
         r = results[mode]
         separate = statistics.median(r["separate"]) - bare_median
         cpu = statistics.mean(r["cpu_per_call"]) - bare_cpu
@@ -153,6 +164,14 @@ def main() -> None:
             f"{mode:>20} | {statistics.median(r['paired']) * 1e6:18.0f} us | {separate * 1e6:20.0f} us | "
             f"{cpu * 1e6:14.0f} us | {statistics.median(r['rollout']) * 1e6:.0f} us"
         )
+    added = {mode: statistics.median(results[mode]["paired"]) for mode in results if mode != "bare"}
+    for ours in ("lean", "lean-nocap", "lean@baseline"):
+        if ours in added:
+            line = f"{ours}: a call takes {(bare_median + added[ours]) / bare_median:.2f}x the bare call"
+            if "openinference" in added:  # the goal (issue 36): <= 1/5 of OpenInference's with token capture
+                line += f"; added cost {added[ours] / added['openinference']:.2f}x OpenInference's with token capture"
+            print(line)
+    print(f"whole run: {time.perf_counter() - began:.0f} s")
 
 
 if __name__ == "__main__":

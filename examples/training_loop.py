@@ -231,7 +231,7 @@ def train_config(workdir: Path, policy_dir: Path, collector, vllm, args: argpars
 
 
 def reward_by_version(data_dir: Path) -> list[tuple]:
-    """(version, rollouts, mean reward, solved share) per policy version that served a whole rollout."""
+    """(version, rollouts, mean reward, solved share) per policy version that served a whole training rollout."""
     from lightning_otel.collector import connect
 
     return rows(
@@ -239,7 +239,7 @@ def reward_by_version(data_dir: Path) -> list[tuple]:
         """
         SELECT policy_versions[1] AS version, count(*) AS rollouts, avg(reward) AS mean_reward,
                avg((reward >= 1)::INT) AS solved
-        FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1
+        FROM rollouts WHERE reward IS NOT NULL AND len(policy_versions) = 1 AND split = 'train'
         GROUP BY 1 ORDER BY TRY_CAST(version AS INT) NULLS FIRST""",
     )
 
@@ -279,7 +279,7 @@ def _wait_for_train_spans(data_dir: Path, steps: int) -> None:
 
 
 def print_summary(data_dir: Path) -> None:
-    print("\nreward by the policy version that served the rollout (SQL over the traces):")
+    print("\nreward of training rollouts by the policy version that served them (SQL over the traces):")
     print(f"{'version':>7} | {'rollouts':>8} | {'mean reward':>11} | {'solved':>6}")
     for version, count, mean_reward, solved in reward_by_version(data_dir):
         print(f"{version:>7} | {count:>8} | {mean_reward:>11.3f} | {solved:>6.1%}")

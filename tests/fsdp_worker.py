@@ -11,14 +11,16 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from test_fsdp import CASES, dtype, selection, update_config
+from test_fsdp import CASES, case_selection, dtype, selection, update_config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+from torchrun_helpers import die_with_parent
 from transformers import AutoModelForCausalLM
 
 from lightning_otel.trainer.policy import PolicyTrainer
 from lightning_otel.trainer.sharding import full_state_dict, local_bytes, shard_model
 
 model_dir, reference_dir, unsharded_checkpoint, out = (Path(a) for a in sys.argv[1:5])
+die_with_parent()  # a timed-out test kills torchrun: the ranks go with it
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -44,7 +46,8 @@ for case in CASES:
     trainer = trainer_for(case, model_dir, out / "state" if case == "sorted" else out / f"state-{case}")
     passes = [0]
     trainer.model.register_forward_pre_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
-    metrics = trainer.train_on(selection(1)).metrics
+    result = trainer.train_on(case_selection(case))
+    metrics = result.metrics
     grads = {name: p.grad.full_tensor() for name, p in trainer.model.named_parameters()}
     params = full_state_dict(trainer.model)
     moments = get_optimizer_state_dict(trainer.model, trainer.optimizer, options=FULL)
@@ -56,6 +59,7 @@ for case in CASES:
             for name, state in moments["state"].items()
         }
         results[case] = {"metrics": metrics, "grads": grads, "params": params, "optimizer": optimizer}
+        results[case]["at_fault"] = result.at_fault
         results[case]["passes"] = passes
     if case == "sorted":
         results["bytes"] = held
@@ -73,4 +77,7 @@ if rank == 0:
     total = results["full_bytes"]["parameters"]
     results["full_bytes"] = {"parameters": total, "gradients": total, "optimizer": 2 * total}
     torch.save(results, out / "results.pt")
+# Leave together: a rank that exits (closing its gloo connections) while the other still runs can make
+# the other's transport fail mid-teardown (tests/torchrun_helpers.py).
+dist.barrier()
 dist.destroy_process_group()

@@ -293,3 +293,18 @@ def test_stalled_and_crawling_clients_are_cut_off_while_others_are_served(tmp_pa
         for sock in (half_body, in_headers, crawler):
             sock.close()
         assert _count(collector, "served") == 5 and _count(collector, "stalled") == 0
+
+
+def test_client_errors_log_one_line_per_client_per_interval(caplog):
+    from lightning_otel.collector.client_errors import ClientErrorLog
+
+    errors = ClientErrorLog(interval_s=0.2)
+    with caplog.at_level("WARNING", logger="lightning_otel.collector.clients"):
+        logged = [errors.warn("10.0.0.1", f"bad body {i}") for i in range(10)] + [errors.warn("10.0.0.2", "bad")]
+        time.sleep(0.25)
+        logged.append(errors.warn("10.0.0.1", "bad again " + "x" * 10_000))
+    assert logged == [True] + [False] * 9 + [True, True]
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 3 and all(record.levelname == "WARNING" and not record.exc_info for record in caplog.records)
+    assert "10.0.0.1" in lines[0] and "10.0.0.2" in lines[1]
+    assert "and 9 more from it" in lines[2] and len(lines[2]) < 400  # the message is cut

@@ -76,7 +76,7 @@ def test_an_example_run_prints_a_row_per_iteration_a_reward_table_and_stops_ever
     table = lines[first : lines.index("", first)]
     served = dict(
         conn.execute(
-            "SELECT policy_versions[1], count(*) FROM rollouts WHERE len(policy_versions) = 1 GROUP BY 1"
+            "SELECT policy_versions[1], count(*) FROM rollouts WHERE len(policy_versions) = 1 AND split = 'train' GROUP BY 1"
         ).fetchall()
     )
     assert {row.split("|")[0].strip(): int(row.split("|")[1]) for row in table} == served
@@ -98,10 +98,12 @@ def test_ctrl_c_stops_everything_the_demo_started(tmp_path):
             break
     assert "   1 |" in seen, seen
     assert len(_processes_mentioning(str(tmp_path))) >= 2  # collector and vLLM are up
-    agent = _processes_mentioning("calculator_agent.py")
-    assert len(agent) == 1  # the agent, kept across iterations (its command line names no workdir)
+    agents = _processes_mentioning("calculator_agent.py")
+    # the training agent and the held-out evaluation's (--split eval), each kept across iterations
+    # (their command lines name no workdir)
+    assert len(agents) == 2
     process.send_signal(signal.SIGINT)
     rest, _ = process.communicate(timeout=120)
     assert process.returncode == 130, seen + rest
     assert _processes_mentioning(str(tmp_path)) == []
-    assert not Path(f"/proc/{agent[0]}").exists()
+    assert not any(Path(f"/proc/{agent}").exists() for agent in agents)

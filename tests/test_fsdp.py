@@ -19,21 +19,21 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from torchrun_helpers import TIMEOUT_S, torchrun, torchrun_env
 from transformers import AutoModelForCausalLM
 
-from lightning_otel.core.servers import free_port
 from lightning_otel.trainer.merge import LLMCall
 from lightning_otel.trainer.policy import PolicyTrainer
 from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
 from lightning_otel.trainer.update import UpdateConfig
 
+CLIPPED_NORM = 1e-3  # well under this batch's gradient norm (the test checks): the clip is active
 # Every layout; micro-batches of 1 and 2; uneven rows per rank (padding passes); activation
 # checkpointing with the KL term against a (sharded) reference model that differs from the policy.
 CASES = {
@@ -42,17 +42,35 @@ CASES = {
     "shared_prefix": dict(layout="shared_prefix", micro_batch_size=1),
     "checkpointed_kl": dict(layout="sorted", micro_batch_size=2, activation_checkpointing=True, kl_coef=0.5),
     "float32": dict(layout="shared_prefix", micro_batch_size=1),
+    # The clip on: FSDP's norm must be the full gradient's, taken after the reduce-scatter.
+    "clipped": dict(layout="sorted", micro_batch_size=1, max_grad_norm=CLIPPED_NORM),
+    # A poisoned group (mean-only, reward 1e35: an infinite float32 gradient norm): both ranks bisect
+    # the batch in lockstep, exclude the rollout at fault and step on the rest.
+    "isolated": dict(layout="sorted", micro_batch_size=1, scale_by_std=False),
 }
+FLOAT32_CASES = ("float32", "isolated")
 FLOAT32_WEIGHTS_RTOL = 1e-4  # see the module docstring; measured up to ~6e-5 here
 RESUMES = ("fsdp_from_fsdp", "fsdp_from_unsharded", "unsharded_from_fsdp")
 
 
 def update_config(case: str, sharding: str = "none") -> UpdateConfig:
-    return UpdateConfig(learning_rate=1e-3, max_grad_norm=1e9, sharding=sharding, **CASES[case])
+    return UpdateConfig(**{"learning_rate": 1e-3, "max_grad_norm": 1e9, "sharding": sharding, **CASES[case]})
 
 
 def dtype(case: str) -> torch.dtype:
-    return torch.float32 if case == "float32" else torch.float64
+    return torch.float32 if case in FLOAT32_CASES else torch.float64
+
+
+def case_selection(case: str) -> Selection:
+    """selection(1), and for "isolated" a third task whose first rollout's reward is 1e35. Its calls
+    carry behaviour logprobs of -5 (the model's are ~-6): ratios ~0.3, so the PPO clip holds every
+    token of the group-mate's negative advantage and only the 1e35 rollout has a gradient."""
+    chosen = selection(1)
+    if case == "isolated":
+        for k, reward in enumerate((1e35, 0.0)):
+            call = LLMCall(f"poison-{k}", list(range(30, 50)), [60 + k, 61, 62], np.full(3, -5.0))
+            chosen.rollouts.append(RolloutRecord(f"poison-{k}", "task-poisoned", reward, chains=[[call]]))
+    return chosen
 
 
 def selection(seed: int) -> Selection:
@@ -100,10 +118,11 @@ def _unsharded_step(model_dir: Path, workdir: Path, case: str, reference_dir: Pa
     if trainer.reference is not None:
         trainer.reference = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=dtype(case)).eval()
         trainer.reference.requires_grad_(False)
-    metrics = trainer.train_on(selection(1)).metrics
+    result = trainer.train_on(case_selection(case))
     named = dict(trainer.model.named_parameters())
     return trainer, {
-        "metrics": metrics,
+        "metrics": result.metrics,
+        "at_fault": result.at_fault,
         "grads": {n: p.grad.clone() for n, p in named.items()},
         "params": {n: p.detach().clone() for n, p in named.items()},
         "optimizer": _named_state(trainer),
@@ -122,38 +141,23 @@ def runs(tiny_model_dir, tmp_path_factory):
             single["checkpoint"] = trainer.save_weights().parent
             trainer.train_on(selection(2))
             single["two_steps"] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    here = Path(__file__).parent
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(here), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-    }
-    worker = [str(here / "fsdp_worker.py"), str(tiny_model_dir), str(reference_dir), str(single["checkpoint"])]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-port",
-        str(free_port()),
-    ]
+    worker = [str(tiny_model_dir), str(reference_dir), str(single["checkpoint"]), str(root / "sharded")]
     # Its own session: a rank stuck in a collective (the failure mode here) is killed with torchrun.
     process = subprocess.Popen(
-        [*command, *worker, str(root / "sharded")],
+        torchrun("fsdp_worker.py", *worker),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=torchrun_env(),
         start_new_session=True,
     )
     try:
-        _, stderr = process.communicate(timeout=90)
+        _, stderr = process.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate()
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun; its ranks die with it (die_with_parent)
+        _, stderr = process.communicate(timeout=60)
         pytest.fail(f"the 2-rank FSDP run hung (a collective one rank never joined):\n{stderr[-3000:]}")
-    assert process.returncode == 0, stderr[-4000:]
+    assert process.returncode == 0, stderr[-8000:]
     sharded = torch.load(root / "sharded" / "results.pt", weights_only=False)
     # The third direction: a plain one-process run resumes from the sharded checkpoint.
     fsdp_checkpoint = root / "sharded" / "state" / "checkpoints" / "step-000001"
@@ -176,6 +180,12 @@ def close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-6) -> bool:
 def test_one_fsdp_step_equals_the_unsharded_step(runs, case):
     single, sharded, _ = runs
     one, two = single[case], sharded[case]
+    assert two["at_fault"] == one["at_fault"]
+    if case == "isolated":
+        assert list(one["at_fault"]) == ["poison-0"] and one["metrics"]["rollouts"] == 7
+    if case == "clipped":
+        assert one["metrics"]["grad_norm"] > 10 * CLIPPED_NORM
+        assert sum(float((g.double() ** 2).sum()) for g in one["grads"].values()) ** 0.5 == pytest.approx(CLIPPED_NORM)
     assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-6)
     assert two["metrics"]["grad_norm"] == pytest.approx(one["metrics"]["grad_norm"], rel=1e-6)
     assert one["metrics"]["grad_norm"] > 0
@@ -183,7 +193,7 @@ def test_one_fsdp_step_equals_the_unsharded_step(runs, case):
         assert close(two["grads"][name], grad), f"{case}: gradient of {name}"
         for moment in ("exp_avg", "exp_avg_sq"):
             assert close(two["optimizer"][name][moment], one["optimizer"][name][moment]), f"{case}: {moment} {name}"
-        rtol = FLOAT32_WEIGHTS_RTOL if case == "float32" else 1e-6
+        rtol = FLOAT32_WEIGHTS_RTOL if case in FLOAT32_CASES else 1e-6
         assert close(two["params"][name], one["params"][name], rtol), f"{case}: weight {name}"
         assert two["params"][name].dtype == dtype(case)  # float32 / float64 master weights, whatever FSDP does
     initial = single["initial"]

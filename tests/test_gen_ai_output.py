@@ -168,7 +168,7 @@ from lightning_otel.instrumentation import otlp_encoding
 spans = [{"name": s.name, "kind": s.kind.name, "status": s.status.status_code.name,
           "compiled": otlp_encoding._compiled is not None and otlp_encoding._compiled.span_bytes(s) is not None,
           "attributes": {k: list(v) if isinstance(v, tuple) else v for k, v in s.attributes.items()}}
-         for s in memory.get_finished_spans()]
+         for s in sorted(memory.get_finished_spans(), key=lambda s: s.start_time)]  # a call's span may end after the next's starts
 print(json.dumps({"seen": seen, "spans": spans}, default=repr))  # packed token ids: bytes
 """
 
@@ -199,7 +199,8 @@ def _run_agent(vllm_server, collector, options: dict, env: dict) -> tuple[dict, 
 
 
 def _lean(spans: list[dict]) -> dict[str, dict]:
-    """The lean model-call spans, in the order the agent made the calls."""
+    """The lean model-call spans, in the order the agent made the calls (the spans come sorted by start:
+    a captured call's span ends once its weight version is read, after a failed call's may have)."""
     calls = [s for s in spans if s["attributes"].get(schema.OPENINFERENCE_SPAN_KIND) == schema.KIND_LLM]
     assert len(calls) == 4
     return dict(zip(("chat", "stream", "completion", "failed"), calls, strict=True))

@@ -168,3 +168,19 @@ def test_footer_codec_round_trips_pyarrow_footers_byte_for_byte(tmp_path):
     assert bytes(thrift_compact.write_struct(fields)) == footer
     with pytest.raises(thrift_compact.ThriftError):
         thrift_compact.read_struct(footer[: len(footer) // 2])
+
+
+@pytest.mark.parametrize("page_bytes", [list_pages.PAGE_BYTES, 4096])
+def test_pages_follow_page_bytes_not_the_chunking(monkeypatch, page_bytes):
+    """2,000 one-row chunks (one-span exports) make a few pages, not one per chunk (issue 37)."""
+    monkeypatch.setattr(list_pages, "PAGE_BYTES", page_bytes)  # 4096: the runs of small chunks path
+    rows = [[row, -row, 2**31 - 1] for row in range(2_000)]
+    one_row_chunks = pa.chunked_array([pa.array([r], pa.list_(pa.int32())) for r in rows])
+    table = pa.table({"x": one_row_chunks})
+    parts = list_pages.encode(table, ["x"])
+    pages = (len(parts) - 1 - 3) // 4  # pyarrow's part, then per page: header, rep, def, values; footer
+    assert pages <= 2_000 * 3 * 4 // page_bytes + 2
+    path = pa.BufferOutputStream()
+    for part in parts:
+        path.write(part)
+    assert pq.read_table(pa.BufferReader(path.getvalue())).column("x").to_pylist() == rows

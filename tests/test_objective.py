@@ -182,3 +182,53 @@ def test_huge_finite_rewards_give_finite_z_scores():
     # (1e300 - 5e299) ** 2 overflows float64: the std is computed scaled, so the z-score is still +-1
     assert group_advantages([1e300, 0.0], ["a", "a"]) == pytest.approx([1.0, -1.0])
     assert group_advantages([1e300, 0.0], ["a", "a"], scale_by_std=False) == pytest.approx([5e299, -5e299])
+
+
+def _z_scores(rewards, groups, eps=1e-6):
+    """The reference: (x - mean) / (population std + eps) within each group, written out."""
+    out = []
+    for reward, group in zip(rewards, groups):
+        members = [r for r, g in zip(rewards, groups) if g == group]
+        mean = sum(members) / len(members)
+        std = math.sqrt(sum((m - mean) ** 2 for m in members) / len(members))
+        out.append((reward - mean) / (std + eps))
+    return out
+
+
+def test_the_std_epsilon_matters_when_the_rewards_barely_differ():
+    """Rewards 0 and 2e-7: std 1e-7 (past the zero-variance tolerance of 1e-8), so the epsilon of
+    1e-6 dominates: +-1e-7 / 1.1e-6 = +-0.0909, not the +-1 of a z-score without it."""
+    advantages = group_advantages([0.0, 2e-7, 1.0, 0.0], ["tiny", "tiny", "unit", "unit"])
+    assert advantages == pytest.approx(_z_scores([0.0, 2e-7, 1.0, 0.0], ["tiny", "tiny", "unit", "unit"]), rel=1e-9)
+    assert advantages[:2] == pytest.approx([-1 / 11, 1 / 11], rel=1e-6)
+    assert advantages[2:] == pytest.approx([1 / (1 + 2e-6), -1 / (1 + 2e-6)], rel=1e-9)  # eps next to std 0.5
+
+
+def test_sample_level_advantages_over_several_tasks():
+    """advantage_level = "sample": every sample is a unit with its rollout's reward, normalized
+    within its rollout's task, for each task separately (a rollout split in k samples counts k times)."""
+    from lightning_otel.trainer.merge import LLMCall
+    from lightning_otel.trainer.rollout_data import RolloutRecord, Selection
+    from lightning_otel.trainer.update import UpdateConfig, build_batch
+
+    plan = [  # (task, reward, samples): tasks interleaved, so a grouping by position would differ
+        ("x", 1.0, 3),
+        ("y", 5.0, 1),
+        ("x", 0.0, 1),
+        ("z", 2.0, 2),
+        ("y", 1.0, 2),
+        ("x", 0.5, 2),
+        ("z", -2.0, 1),
+    ]
+    rollouts = []
+    for index, (task, reward, splits) in enumerate(plan):
+        calls = [LLMCall(f"{index}-{k}", [100 + k, index], [7, 8], [-1.0, -1.0]) for k in range(splits)]
+        rollouts.append(RolloutRecord(f"r{index}", task, reward, chains=[calls]))
+    batch = build_batch(Selection(rollouts, {}), config=UpdateConfig(advantage_level="sample"))
+    units = [(task, reward) for task, reward, splits in plan for _ in range(splits)]
+    assert [plan[r][0] for r in batch.rollout_of_sample] == [task for task, _ in units]
+    want = _z_scores([reward for _, reward in units], [task for task, _ in units])
+    assert batch.advantages == pytest.approx(want, rel=1e-9)
+    # and not the rollout-level ones (each rollout counted once in its task)
+    per_rollout = _z_scores([reward for _, reward, _ in plan], [task for task, _, _ in plan])
+    assert batch.advantages != pytest.approx([per_rollout[r] for r in batch.rollout_of_sample], rel=1e-3)

@@ -30,6 +30,14 @@ def _query(url: str, sql: str, token: str | None = "q"):
     return status, headers, json.loads(reply)
 
 
+def _wait_until_answered(url: str, token: str | None = "q") -> None:
+    """Until the query workers are up: their first start (a process importing DuckDB) can take a few
+    seconds on a loaded machine, and the time limit counts from admission (a cold query gets a 504)."""
+    deadline = time.monotonic() + 60
+    while _query(url, "SELECT 1", token)[0] != 200:
+        assert time.monotonic() < deadline, "the query workers never started"
+
+
 def _parquet_rows(data_dir: Path, seen: dict) -> int:
     for path in (data_dir / "spans").rglob("*.parquet"):
         if path not in seen:
@@ -63,6 +71,7 @@ def test_a_heavy_query_is_stopped_in_time_while_ingest_goes_on(tmp_path):
         data_dir, flush_interval_s=0.2, log_path=tmp_path / "collector.log", extra_args=args
     ) as collector:
         query_url = collector.url + "/v1/query"
+        _wait_until_answered(query_url)
         exporter = _Exporter(collector.traces_endpoint)
         exporter.start()
         footers: dict = {}
@@ -104,6 +113,7 @@ def test_the_dashboard_query_endpoint_has_the_same_limits(tmp_path):
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True).start()
     url = server.url + "v1/query"
     try:
+        _wait_until_answered(url, token=None)
         outcome = {}
         heavy = threading.Thread(target=lambda: outcome.update(reply=_query(url, HEAVY, token=None)))
         started = time.monotonic()

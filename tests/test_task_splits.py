@@ -29,6 +29,7 @@ def _rl_questions(seed: int, iterations: int, tasks: int) -> set[frozenset[int]]
         rng=random.Random(seed),  # training_loop.run's rng
         tasks=tasks,
         rollouts_per_task=1,
+        split="train",
         base_url="http://unused",
         model="policy",
         ask_agent=lambda script, args, work: asked.extend(item.split("=")[0] for item in work.split(";")),

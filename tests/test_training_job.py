@@ -20,7 +20,6 @@ from otlp_helpers import make_spans, post, request_bytes
 
 from lightning_otel.collector import connect
 from lightning_otel.core import schema
-from lightning_otel.core.servers import free_port
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
 
 
@@ -96,8 +95,10 @@ def _train(
     env = {**os.environ, "OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
     launcher = [sys.executable]
     if ranks > 1:
-        env["OMP_NUM_THREADS"] = "1"
-        launcher += ["-m", "torch.distributed.run", "--nproc-per-node", str(ranks), "--master-port", str(free_port())]
+        from torchrun_helpers import TORCHRUN_ENV
+
+        env.update(TORCHRUN_ENV)  # and --standalone: no port picked free, then bound (torchrun_helpers.py)
+        launcher += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
     command = (
         [str(Path(__file__).with_name("train_with_fault.py")), fault] if fault else ["-m", "lightning_otel", "train"]
     )
@@ -281,8 +282,9 @@ def test_documented_defaults_are_the_code_defaults():
 @pytest.fixture
 def huge_reward_store(tmp_path):
     """8 rewarded rollouts of 4 tasks; task-0's two (the oldest) have rewards 1e300 and 0. Finite, so
-    they pass input hygiene, but under mean-only advantages theirs (+-5e299) overflow float32 and
-    the loss is NaN: a real input that makes a non-finite gradient, no fault hook."""
+    with [selection] max_abs_reward raised they pass selection and input hygiene, but under mean-only
+    advantages theirs (+-5e299) overflow float32 and the loss is NaN: a real input that makes a
+    non-finite gradient, no fault hook."""
 
     def build(tracer):
         for index, reward in enumerate([1e300, 0.0, 0.3, 0.9, 0.1, 0.6, 0.8, 0.2]):
@@ -310,14 +312,12 @@ def huge_reward_store(tmp_path):
 def test_a_non_finite_step_is_never_swapped_and_its_rollouts_never_return(
     tmp_path, huge_reward_store, vllm_server, tiny_model_dir, base_served
 ):
-    config, mean_only = (
-        _config(tmp_path, huge_reward_store, vllm_server, tiny_model_dir),
-        ("--update-scale-by-std", "false"),
-    )
+    config = _config(tmp_path, huge_reward_store, vllm_server, tiny_model_dir)
+    mean_only = ("--update-scale-by-std", "false", "--selection-max-abs-reward", "inf")
     admin = VLLMAdmin(vllm_server.url)
     probe = [1, 20, 30, 40, 50]
     served = admin.prompt_logprobs("policy", probe)
-    skipped = _train(config, flags=mean_only)
+    skipped = _train(config, flags=(*mean_only, "--selection-where", "task_id = 'task-0'"))  # nothing else to train
     assert skipped.returncode == 0, skipped.stderr[-2000:]
     outcome = json.loads(skipped.stdout.strip().splitlines()[-1])
     assert outcome["status"] == "skipped: non-finite gradient" and outcome["at_fault"] == ["job-00", "job-01"]

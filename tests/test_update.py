@@ -1,5 +1,7 @@
 """The update step on the tiny model: micro-batching changes nothing; a step changes the weights."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -99,58 +101,80 @@ def test_shared_prefix_rows_give_the_same_loss_and_gradient(tiny_model_dir):
         assert torch.allclose(a, b, atol=1e-6, rtol=1e-5)
 
 
-def one_update(model):
+def one_update(model, max_grad_norm: float = float("inf")):
     """The update both the 1-process and the 2-process runs make (also used by dist_update_worker.py).
     SGD, so the update is linear in the gradient: Adam's first step is lr * sign(g), which would turn
-    float-rounding noise in near-zero gradients into lr-sized differences. No gradient clipping: a
-    clip scales any gradient to the same norm, so averaging instead of summing across processes
-    would give the same step."""
+    float-rounding noise in near-zero gradients into lr-sized differences. No gradient clipping by
+    default: a clip scales any gradient to the same norm, so averaging instead of summing across
+    processes would give the same step. With a clip, it must come after the cross-process sum."""
     batch = _batch(model)
-    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=float("inf"))
-    return policy_update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, config)
+    config = UpdateConfig(micro_batch_size=1, layout="sorted", max_grad_norm=max_grad_norm)
+    return policy_update(model, torch.optim.SGD(model.parameters(), lr=LEARNING_RATE), batch, config)
+
+
+LEARNING_RATE = 0.1
+
+
+def _run_two_gloo_processes(model_dir, out, *extra) -> dict:
+    import subprocess
+
+    from torchrun_helpers import TIMEOUT_S, torchrun, torchrun_env
+
+    command = torchrun("dist_update_worker.py", model_dir, out, *extra)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, env=torchrun_env())
+    assert result.returncode == 0, result.stderr[-6000:]
+    return torch.load(out, weights_only=False)
 
 
 def test_two_gloo_processes_make_the_same_update_as_one(tiny_model_dir, tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from lightning_otel.core.servers import free_port
-
-    here = Path(__file__).parent
-    out = tmp_path / "params.pt"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(here), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OMP_NUM_THREADS": "1",
-    }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            str(free_port()),
-            str(here / "dist_update_worker.py"),
-            str(tiny_model_dir),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    distributed = _run_two_gloo_processes(tiny_model_dir, tmp_path / "params.pt")["params"]
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
     one_update(model)
     single = torch.cat([p.detach().flatten() for p in model.parameters()])
-    distributed = torch.load(out)
     assert not torch.allclose(single, before)  # the update moved the weights
     assert torch.allclose(distributed, single, atol=1e-6)
+
+
+def _reference_gradient(model, batch) -> tuple[list[torch.Tensor], float]:
+    """The batch gradient from the definitions, one whole sample at a time in one process: PPO clip
+    (0.2, 0.28) on exp(clamp(logp - behaviour, -20, 20)), dual-clip 3, the batch's fixed advantages
+    and token weights. Returns the gradients and their total norm."""
+    total = torch.zeros(())
+    for sample, advantage, weights in zip(batch.samples, batch.advantages, batch.token_weights):
+        ids = torch.tensor(sample.token_ids.tolist())
+        logits = model(input_ids=ids[None]).logits[0].float()
+        logprobs = torch.log_softmax(logits[:-1], dim=-1).gather(-1, ids[1:, None])[:, 0]
+        for position in range(1, len(ids)):
+            if not sample.loss_mask[position]:
+                continue
+            log_ratio = logprobs[position - 1] - float(sample.behaviour_logprobs[position])
+            ratio = torch.exp(torch.clamp(log_ratio, -20.0, 20.0))
+            loss = torch.maximum(-ratio * advantage, -torch.clamp(ratio, 0.8, 1.28) * advantage)
+            if advantage < 0:
+                loss = torch.minimum(loss, torch.tensor(-3.0 * advantage))
+            total = total + float(weights[position]) * loss
+    grads = torch.autograd.grad(total, list(model.parameters()), allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for p, g in zip(model.parameters(), grads)]
+    return grads, math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+
+
+def test_two_gloo_processes_clip_the_summed_gradient_like_one_process_would(tiny_model_dir, tmp_path):
+    """With the clip on (to a quarter of the gradient's norm), 2 ranks must clip the SUM of their
+    gradients: clipping each rank's part before the sum gives another direction and size. The
+    reference is computed here, in one process, from the definitions."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = _batch(model)
+    grads, norm = _reference_gradient(model, batch)
+    max_grad_norm = norm / 4
+    scale = max_grad_norm / (norm + 1e-6)  # torch's clip_grad_norm_ coefficient
+    want = torch.cat([(p.detach() - LEARNING_RATE * scale * g).flatten() for p, g in zip(model.parameters(), grads)])
+
+    result = _run_two_gloo_processes(tiny_model_dir, tmp_path / "params.pt", repr(max_grad_norm))
+    assert result["metrics"]["grad_norm"] == pytest.approx(norm, rel=1e-5)  # the norm before the clip
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert (want - before).norm().item() == pytest.approx(LEARNING_RATE * max_grad_norm, rel=1e-4)
+    assert torch.allclose(result["params"], want, atol=1e-7, rtol=1e-5), (result["params"] - want).abs().max()
 
 
 def test_lora_trains_adapters_only_and_saves_merged_weights(tiny_model_dir, tmp_path):

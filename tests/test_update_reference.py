@@ -25,9 +25,10 @@ from lightning_otel.trainer.update import UpdateConfig, build_batch, policy_upda
 EPS_LOW, EPS_HIGH, DUAL_CLIP, LOG_RATIO_CLAMP = 0.2, 0.28, 3.0, 20.0
 TIS_CAP, KL_COEF = 2.0, 0.1
 # pi_theta / pi_behaviour per generated token, cycled. 1.25 and 0.75 lie between the two epsilons
-# (clipped on one side only if eps_low and eps_high were swapped), 5 is past the dual-clip, e^+-25
-# past the log-ratio clamp.
-RATIOS = [1.5, 0.5, 1.25, 0.75, 5.0, 1.0, 0.9, 1.1, math.exp(25.0), math.exp(-25.0), 1.2, 0.7]
+# (clipped on one side only if eps_low and eps_high were swapped), 5 is past the dual-clip, e^25
+# past the log-ratio clamp. (e^-25 would need a behaviour logprob ~25 above the trainer's ~-6: a
+# positive one, impossible, which input hygiene masks; e^-3 is far below the PPO clip instead.)
+RATIOS = [1.5, 0.5, 1.25, 0.75, 5.0, 1.0, 0.9, 1.1, math.exp(25.0), math.exp(-3.0), 1.2, 0.7]
 
 
 def _plain_logprobs(model, ids: list[int]) -> torch.Tensor:
@@ -111,7 +112,7 @@ def _selection_and_reference_inputs(model):
     return Selection(rollouts, {}), samples
 
 
-def _reference(model, reference_model, samples, tis: bool):
+def _reference(model, reference_model, samples, tis: bool, dual_clip: float = DUAL_CLIP):
     """The loss and its gradient, from the definitions, one sample at a time."""
     rewards = {s["rollout"]: (s["task"], s["reward"]) for s in samples}
     advantage = {}
@@ -140,7 +141,7 @@ def _reference(model, reference_model, samples, tis: bool):
             ratio = torch.exp(torch.clamp(logp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
             loss = torch.maximum(-ratio * a, -torch.clamp(ratio, 1 - EPS_LOW, 1 + EPS_HIGH) * a)
             if a < 0:
-                loss = torch.minimum(loss, torch.tensor(-DUAL_CLIP * a))
+                loss = torch.minimum(loss, torch.tensor(-dual_clip * a))
             if tis:
                 loss = loss * torch.clamp(torch.exp(old - behaviour), max=TIS_CAP)
             delta = ref_lp[position - 1] - logp
@@ -159,7 +160,7 @@ def _reference(model, reference_model, samples, tis: bool):
                     else "between-low"
                     if r < 1 - EPS_LOW
                     else "inside",
-                    r > DUAL_CLIP,
+                    r > dual_clip,
                     tis and r > TIS_CAP,
                 )
             )
@@ -178,12 +179,20 @@ def models(tiny_model_dir):
     return model, reference
 
 
-@pytest.mark.parametrize("tis", [False, True], ids=["behaviour-ratio", "tis_cap"])
-def test_policy_update_matches_the_reference_in_every_layout(models, tis):
+@pytest.mark.parametrize(
+    "tis, dual_clip",
+    [(False, DUAL_CLIP), (True, DUAL_CLIP), (False, math.inf)],
+    ids=["behaviour-ratio", "tis_cap", "no-dual-clip"],
+)
+def test_policy_update_matches_the_reference_in_every_layout(models, tis, dual_clip):
+    """no-dual-clip: the e^25 ratio of a negative advantage is then bounded by the log-ratio clamp
+    alone (e^20): the update must apply it (without, the loss is ~150 times the reference's)."""
     model, reference_model = models
     selection, samples = _selection_and_reference_inputs(model)
-    want_loss, want_grads, regimes = _reference(model, reference_model, samples, tis)
-    if tis:  # the cap truncates some weights, others stay below it
+    want_loss, want_grads, regimes = _reference(model, reference_model, samples, tis, dual_clip)
+    if not math.isfinite(dual_clip):  # the clamp is what bounds this batch's loss
+        assert any(not positive and where == "high" for positive, where, *_ in regimes)
+    elif tis:  # the cap truncates some weights, others stay below it
         assert any(r[3] for r in regimes) and any(not r[3] for r in regimes)
     else:  # the batch exercises both clips on both sides, the ranges between the epsilons, the dual-clip
         for needed in [
@@ -198,7 +207,7 @@ def test_policy_update_matches_the_reference_in_every_layout(models, tis):
     config_args = dict(
         eps_low=EPS_LOW,
         eps_high=EPS_HIGH,
-        dual_clip=DUAL_CLIP,
+        dual_clip=dual_clip,
         log_ratio_clamp=LOG_RATIO_CLAMP,
         kl_coef=KL_COEF,
         tis_cap=TIS_CAP if tis else None,

@@ -9,9 +9,11 @@
  *
  * It answers only when it is sure: a count when every field is one the schema (built from the
  * installed protobuf descriptors) knows with the wire type it expects, every string is valid
- * UTF-8, nesting is shallow and every span's ids have the OTLP lengths. Anything else (unknown
- * fields, groups, malformed or truncated data, deep nesting, a span with bad ids) gives None and
- * the caller parses the body with upb as before, which decides between 400 and partial success.
+ * UTF-8, nesting is shallow, every span's ids have the OTLP lengths and no attribute or resource
+ * comes near a size cap (size_caps.py; measured on the wire, never less than upb's ByteSize).
+ * Anything else (unknown fields, groups, malformed or truncated data, deep nesting, a span with bad
+ * ids, a size cap passed) gives None and the caller parses the body with upb as before, which
+ * decides between 400 and partial success.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,6 +37,10 @@ static Schema schemas[MAX_SCHEMAS];
 static int n_schemas = 0;
 static int span_schema = -1;
 static uint32_t trace_id_field, span_id_field, parent_field;
+/* size caps (size_caps.py): every KeyValue's key and whole length; per ResourceSpans, its resource */
+static int key_value_schema = -1, resource_spans_schema = -1;
+static uint32_t key_field, resource_field;
+static Py_ssize_t max_key, max_attribute, max_resource, max_resource_copy;
 
 typedef struct {
     Py_ssize_t spans;
@@ -79,7 +85,10 @@ static int walk(Reader r, int schema, int depth, Tally *tally) {
     if (depth > MAX_DEPTH) return -1;
     const Schema *s = &schemas[schema];
     const int is_span = schema == span_schema;
+    const int is_key_value = schema == key_value_schema, is_resource_spans = schema == resource_spans_schema;
     Py_ssize_t trace_id = 0, span_id = 0, parent = 0; /* lengths; the last occurrence counts */
+    Py_ssize_t resource = 0, spans_before = tally->spans; /* every occurrence counts: upb merges them */
+    if (is_key_value && r.end - r.p > max_attribute) return -1;
     while (r.p < r.end) {
         uint32_t field, wire;
         uint64_t value;
@@ -103,6 +112,7 @@ static int walk(Reader r, int schema, int depth, Tally *tally) {
         case F_STRING:
             if (wire != 2 || sub(&r, &sub_reader) < 0) return -1;
             if (kind == F_STRING && !utf8_ok(sub_reader.p, sub_reader.end)) return -1;
+            if (is_key_value && field == key_field && sub_reader.end - sub_reader.p > max_key) return -1;
             if (is_span) {
                 Py_ssize_t length = sub_reader.end - sub_reader.p;
                 if (field == trace_id_field) trace_id = length;
@@ -112,9 +122,13 @@ static int walk(Reader r, int schema, int depth, Tally *tally) {
             break;
         default: /* a message */
             if (wire != 2 || sub(&r, &sub_reader) < 0) return -1;
+            if (is_resource_spans && field == resource_field) resource += sub_reader.end - sub_reader.p;
             if (walk(sub_reader, kind - F_MESSAGE, depth + 1, tally) < 0) return -1;
         }
     }
+    if (is_resource_spans &&
+        (resource > max_resource || (tally->spans - spans_before) > max_resource_copy / (resource ? resource : 1)))
+        return -1;
     if (is_span) {
         if (trace_id != 16 || span_id != 8 || (parent != 0 && parent != 8)) return -1;
         tally->spans++;
@@ -123,16 +137,23 @@ static int walk(Reader r, int schema, int depth, Tally *tally) {
 }
 
 PyDoc_STRVAR(configure_doc,
-             "configure(schemas, span_schema, trace_id_field, span_id_field, parent_field)\n\n"
-             "Set the message schemas (one bytes row of field kinds per message; schema 0 is the request).");
+             "configure(schemas, span_schema, trace_id_field, span_id_field, parent_field, key_value_schema,\n"
+             "          key_field, resource_spans_schema, resource_field, max_key, max_attribute, max_resource,\n"
+             "          max_resource_copy)\n\n"
+             "Set the message schemas (one bytes row of field kinds per message; schema 0 is the request)\n"
+             "and the size caps.");
 
 static PyObject *configure(PyObject *self, PyObject *args) {
     PyObject *rows;
-    int span;
-    unsigned int trace_f, span_f, parent_f;
-    if (!PyArg_ParseTuple(args, "O!iIII", &PyTuple_Type, &rows, &span, &trace_f, &span_f, &parent_f)) return NULL;
+    int span, kv, rs;
+    unsigned int trace_f, span_f, parent_f, key_f, resource_f;
+    Py_ssize_t caps[4];
+    if (!PyArg_ParseTuple(args, "O!iIIIiIiInnnn", &PyTuple_Type, &rows, &span, &trace_f, &span_f, &parent_f, &kv, &key_f,
+                          &rs, &resource_f, &caps[0], &caps[1], &caps[2], &caps[3]))
+        return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(rows);
-    if (n < 1 || n > MAX_SCHEMAS || span < 0 || span >= n) {
+    if (n < 1 || n > MAX_SCHEMAS || span < 0 || span >= n || kv < 0 || kv >= n || rs < 0 || rs >= n || caps[0] < 0 ||
+        caps[1] < 0 || caps[2] < 0 || caps[3] < 0) {
         PyErr_SetString(PyExc_ValueError, "bad schema table");
         return NULL;
     }
@@ -166,6 +187,14 @@ static PyObject *configure(PyObject *self, PyObject *args) {
     trace_id_field = trace_f;
     span_id_field = span_f;
     parent_field = parent_f;
+    key_value_schema = kv;
+    key_field = key_f;
+    resource_spans_schema = rs;
+    resource_field = resource_f;
+    max_key = caps[0];
+    max_attribute = caps[1];
+    max_resource = caps[2];
+    max_resource_copy = caps[3];
     Py_RETURN_NONE;
 }
 

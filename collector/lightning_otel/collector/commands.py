@@ -52,7 +52,7 @@ def _cmd_collector(args: argparse.Namespace) -> int:
     print(f"lightning-otel collector: {', '.join(where) or 'no receiver'}; data {args.data_dir}", flush=True)
     stop.wait()
     collector.stop()
-    print("lightning-otel collector: stopped; all acknowledged spans are in Parquet", flush=True)
+    print(f"lightning-otel collector: stopped; {collector.conversion_report()}", flush=True)
     return 0
 
 

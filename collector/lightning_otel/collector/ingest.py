@@ -1,7 +1,8 @@
 """What every receiver does with an export: check it, shed load, log it durably.
 
 Shared by OTLP/HTTP (protobuf and JSON) and OTLP/gRPC, so the rules are the same on every port:
-spans with invalid ids are dropped and reported (partial success), an overloaded collector says
+spans with invalid ids or over a size cap (size_caps.py) are dropped and reported (partial
+success), an undecodable body is a ValueError (400, INVALID_ARGUMENT), an overloaded collector says
 so with a retry hint instead of queueing without bound, and nothing is acknowledged before the
 write-ahead log's fsync covers it.
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from lightning_otel.collector.request_check import span_count
+from lightning_otel.collector.size_caps import drop_oversized
 from lightning_otel.collector.span_rows import count_spans, decode_request, has_valid_ids
 from lightning_otel.collector.wal import WriteAheadLog
 
@@ -75,7 +77,8 @@ class Ingestor:
         compressed form). Raises ValueError, logging nothing, when it is not a valid export.
 
         A body the quick check (request_check.py) vouches for is logged without being parsed into
-        messages; any other is parsed with upb, which rejects it or drops its spans with bad ids."""
+        messages; any other is parsed with upb, which rejects it or drops its spans with bad ids
+        or over a size cap."""
         stored = data if stored is None else stored
         spans = span_count(data)
         if spans is not None:
@@ -90,9 +93,15 @@ class Ingestor:
                 raise Overloaded(
                     "Parquet conversion is behind; try again shortly", retry_after_s=5, too_many_requests=False
                 )
-            rejected = 0
-            if request is not None:  # parsed: drop spans with bad ids, count the rest
-                rejected = drop_invalid_spans(request)
+            rejected, reasons = 0, []
+            if request is not None:  # parsed: drop spans with bad ids or over a cap, count the rest
+                invalid = drop_invalid_spans(request)
+                oversized, why = drop_oversized(request)
+                if invalid:
+                    reasons.append(f"{invalid} span(s) with invalid trace or span ids")
+                if oversized:
+                    reasons.append(f"{oversized} span(s) over a size cap: {why}")
+                rejected = invalid + oversized
                 if rejected:
                     body, flags = request.SerializeToString(), 0
                 spans = count_spans(request)
@@ -100,7 +109,6 @@ class Ingestor:
                 self.wal.append(body, flags)
             self.accepted += spans
             self.rejected += rejected
-            message = f"{rejected} span(s) with invalid trace or span ids" if rejected else ""
-            return Result(accepted=spans, rejected=rejected, message=message)
+            return Result(accepted=spans, rejected=rejected, message="; ".join(reasons))
         finally:
             self._slots.release()

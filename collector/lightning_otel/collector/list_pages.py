@@ -8,14 +8,25 @@ straight from the Arrow buffer: PLAIN, uncompressed, as the store writes these c
 pyarrow writes the file with those columns null; its footer is then edited (thrift_compact) to
 point at the pages written here, after its own. Readers see an ordinary file: data page v1, PLAIN
 values, RLE levels, one row group.
+
+Pages follow PAGE_BYTES, not the table's chunking: a segment of one-span exports (SimpleSpanProcessor)
+is thousands of one-row chunks, and a page per chunk per column made the file slower to write than
+pyarrow's (issue 37). Whatever this writer does not handle (an element type other than int32 and
+float64, null elements, a footer it cannot edit, a missing buffer) goes to pyarrow whole, and each
+such fallback is counted (`fallback_counts`) and logged once per kind.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import logging
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lightning_otel.collector import thrift_compact as tc
@@ -23,6 +34,28 @@ from lightning_otel.collector import thrift_compact as tc
 PAGE_BYTES = 1 << 20  # values per data page, about; pages end at row boundaries
 _PLAIN, _RLE, _DATA_PAGE, _UNCOMPRESSED = 0, 3, 0, 0
 _MAGIC = b"PAR1"
+# Arrow element types whose buffer is the Parquet PLAIN encoding byte for byte (little-endian): an
+# int16 is stored as a Parquet INT32, so its 2-byte values would make a file no reader can read.
+_PLAIN_TYPES = (pa.int32(), pa.float64())
+_RUN_PAGES = 8
+
+_log = logging.getLogger(__name__)
+_fallbacks: Counter[str] = Counter()
+_fallbacks_lock = threading.Lock()
+
+
+def fallback_counts() -> dict[str, int]:
+    """Files handed to pyarrow whole since the process started, by reason (for operators)."""
+    with _fallbacks_lock:
+        return dict(_fallbacks)
+
+
+def _fall_back(reason: str, detail: str) -> None:
+    with _fallbacks_lock:
+        _fallbacks[reason] += 1
+        first = _fallbacks[reason] == 1
+    if first:  # once per kind: a steady stream of one shape must not flood the log
+        _log.warning("list_pages: %s (%s); pyarrow writes such files whole (counted, logged once)", reason, detail)
 
 
 def _run(value: int, count: int) -> bytes:
@@ -74,15 +107,27 @@ def _chunk_pages(array: pa.ListArray, full: int, empty: int, cache: dict[int, by
         return []
     child = array.values
     if child.null_count:
+        _fall_back("null elements", str(array.type))
         return None
     width = child.type.bit_width // 8
-    offsets = memoryview(array.buffers()[1]).cast("B")[array.offset * 4 : (array.offset + rows + 1) * 4]
+    offsets_buffer = array.buffers()[1]
+    if offsets_buffer is None:
+        _fall_back("missing buffer", "list offsets")
+        return None
+    offsets = memoryview(offsets_buffer).cast("B")[array.offset * 4 : (array.offset + rows + 1) * 4]
     offsets = offsets.cast("i").tolist()  # Arrow buffers are in native byte order
     lengths = [end - start for start, end in zip(offsets, offsets[1:])]
     valid = array.is_valid().to_pylist() if array.null_count else None
     if valid is not None and any(n for n, ok in zip(lengths, valid) if not ok):
+        _fall_back("null row with values", str(array.type))
         return None
-    data = memoryview(child.buffers()[1]).cast("B")
+    data_buffer = child.buffers()[1]
+    if data_buffer is None:
+        if offsets[-1] > offsets[0]:
+            _fall_back("missing buffer", "list values")
+            return None
+        data_buffer = b""  # only empty lists and nulls (`[[]]` from from_buffers has no values buffer)
+    data = memoryview(data_buffer).cast("B")
     base = child.offset
     per_page = max(1, PAGE_BYTES // width)
     pages, start = [], 0
@@ -106,17 +151,60 @@ def _page_header(page: _Page) -> bytes:
     return bytes(tc.write_struct(header))
 
 
+def _value_bytes(chunk: pa.ListArray, width: int) -> int:
+    if chunk.buffers()[1] is None:
+        return PAGE_BYTES  # no offsets: goes alone, and _chunk_pages falls back
+    offsets = chunk.offsets  # of this slice of the array: len(chunk) + 1 of them
+    return (offsets[-1].as_py() - offsets[0].as_py()) * width
+
+
+def _page_sized_chunks(column: pa.ChunkedArray, width: int) -> Iterator[pa.ListArray]:
+    """The column's chunks, runs of small ones concatenated into about _RUN_PAGES pages of values
+    each (one copy of those alone), so that pages follow PAGE_BYTES and not the exporter's batching
+    (a run's last page is partial: runs of one page would make twice the pages). A chunk of
+    PAGE_BYTES or more goes as it is: it fills its own pages."""
+    if column.num_chunks > 1:
+        values = pc.sum(pc.list_value_length(column)).as_py() or 0
+        if values * width < PAGE_BYTES * column.num_chunks // 4:
+            # mostly small chunks (one-span exports: thousands): one copy in C++ beats a Python
+            # step per chunk, and pages then follow PAGE_BYTES over the whole column
+            yield column.combine_chunks()
+            return
+    run: list[pa.ListArray] = []
+    run_bytes = 0
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        size = _value_bytes(chunk, width)
+        if size >= PAGE_BYTES:
+            if run:
+                yield run[0] if len(run) == 1 else pa.concat_arrays(run)
+                run, run_bytes = [], 0
+            yield chunk
+            continue
+        run.append(chunk)
+        run_bytes += size
+        if run_bytes >= PAGE_BYTES * _RUN_PAGES:
+            yield run[0] if len(run) == 1 else pa.concat_arrays(run)
+            run, run_bytes = [], 0
+    if run:
+        yield run[0] if len(run) == 1 else pa.concat_arrays(run)
+
+
 def _column_pages(column: pa.ChunkedArray, field: pa.Field) -> list[_Page] | None:
     dtype = field.type
-    if not pa.types.is_list(dtype) or not (
-        pa.types.is_integer(dtype.value_type) or pa.types.is_floating(dtype.value_type)
-    ):
+    if not pa.types.is_list(dtype) or dtype.value_type not in _PLAIN_TYPES:
+        _fall_back("element type", str(dtype))
+        return None
+    if sys.byteorder != "little":
+        _fall_back("byte order", sys.byteorder)  # Parquet PLAIN is little-endian; Arrow is native
         return None
     empty = int(field.nullable)
     full = empty + 1 + int(dtype.value_field.nullable)
+    width = dtype.value_type.bit_width // 8
     cache: dict[int, bytes] = {}
     pages: list[_Page] = []
-    for chunk in column.chunks:
+    for chunk in _page_sized_chunks(column, width):
         chunk_pages = _chunk_pages(chunk, full, empty, cache)
         if chunk_pages is None:
             return None
@@ -128,7 +216,7 @@ def encode(table: pa.Table, columns: Sequence[str], **write_options) -> list | N
     """The bytes of a Parquet file of `table`, as a list of buffers to write in order, with
     `columns` (flat-list columns) written here and the rest by pyarrow with `write_options`.
     None when a column holds what this writer does not, or pyarrow's footer is not one it can edit
-    (not one row group): then write the table with pyarrow alone."""
+    (not one row group, truncated, laid out otherwise): then write the table with pyarrow alone."""
     pages = {}
     for name in columns:
         column_pages = _column_pages(table.column(name), table.schema.field(name))
@@ -141,17 +229,34 @@ def encode(table: pa.Table, columns: Sequence[str], **write_options) -> list | N
         placeholders = placeholders.set_column(
             index, table.schema.field(name), pa.nulls(len(table), table.schema.field(name).type)
         )
+    if placeholders.num_rows and placeholders.column(0).num_chunks > 1:
+        # pyarrow writes thousands of one-row chunks far slower than one (0.76 s against 0.06 s
+        # for 20,000 one-span batches), and copying the columns it writes costs ~0.14 s
+        placeholders = placeholders.combine_chunks()
     sink = pa.BufferOutputStream()
     pq.write_table(placeholders, sink, row_group_size=max(1, len(table)), **write_options)
-    written = sink.getvalue()
+    try:
+        return _with_pages(sink.getvalue(), pages)
+    except (tc.ThriftError, IndexError, KeyError, TypeError, ValueError, StopIteration) as exc:
+        # a footer not laid out as this module expects (another pyarrow, other options): pyarrow
+        # writes the whole file instead, as for every other case this writer does not handle
+        _fall_back("footer not editable", f"{type(exc).__name__}: {exc}")
+        return None
+
+
+def _with_pages(written: pa.Buffer, pages: dict[str, list[_Page]]) -> list | None:
+    """pyarrow's file `written` with `pages` appended after its pages and its footer pointing at them.
+    Raises (IndexError, KeyError, ThriftError, ...) on a footer laid out otherwise."""
+    if len(written) < 12 or written[-4:].to_pybytes() != _MAGIC:
+        raise ValueError("no Parquet trailer")
     footer_size = int.from_bytes(written[-8:-4].to_pybytes(), "little")
     data_end = len(written) - 8 - footer_size
-    try:
-        footer, _ = tc.read_struct(written[data_end:-8].to_pybytes())
-    except tc.ThriftError:
-        return None  # not a footer this module can edit: pyarrow writes the whole file instead
+    if not 4 <= data_end < len(written) - 8:
+        raise ValueError(f"footer size {footer_size} out of range")
+    footer, _ = tc.read_struct(written[data_end:-8].to_pybytes())
     row_groups = footer[4][1][1]
     if len(row_groups) != 1:
+        _fall_back("footer not editable", f"{len(row_groups)} row groups")
         return None
     row_group = row_groups[0]
     chunks = row_group[1][1][1]

@@ -16,6 +16,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from lightning_otel.collector.client_errors import ClientErrorLog, grpc_peer
 from lightning_otel.collector.ingest import Ingestor, Overloaded
 from lightning_otel.core.auth import bearer_ok
 
@@ -41,6 +42,8 @@ class _TraceService:
     def __init__(self, ingestor: Ingestor, token: str | None) -> None:
         self.ingestor = ingestor
         self.token = token
+        self.client_errors = ClientErrorLog()  # one WARNING line per client per interval
+        self.server_errors = ClientErrorLog()  # our bugs: one traceback per client per interval
 
     def export(self, body: bytes, context: grpc.ServicerContext) -> bytes:
         metadata = dict(context.invocation_metadata())
@@ -49,6 +52,7 @@ class _TraceService:
         try:
             result = self.ingestor.export_body(body)
         except ValueError as exc:
+            self.client_errors.warn(grpc_peer(context.peer()), str(exc))
             _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:
             retry = any_pb2.Any()
@@ -57,6 +61,10 @@ class _TraceService:
         except OSError as exc:
             log.error("write-ahead log append failed: %s", exc)
             _abort(context, grpc.StatusCode.UNAVAILABLE, "cannot write the log")
+        except Exception:  # a bug of ours on this body: INTERNAL, and not one traceback per request
+            if self.server_errors.allow(grpc_peer(context.peer())) is not None:
+                log.exception("export from %s failed", context.peer())
+            _abort(context, grpc.StatusCode.INTERNAL, "internal error")
         response = ExportTraceServiceResponse()
         if result.rejected:
             response.partial_success.rejected_spans = result.rejected

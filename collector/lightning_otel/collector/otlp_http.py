@@ -14,8 +14,9 @@ overloaded, and a 200 with `partial_success` when some spans were rejected. A cl
 whole body gets 408 and the connection is closed; an idle keep-alive connection closes then too.
 
 Query: `{"sql": "SELECT ..."}` -> `{"columns": [...], "rows": [[...], ...]}`, one read-only
-statement against a sandboxed DuckDB connection, bearer token required, limited in time and in
-how many run at once (collector/lightning_otel/collector/query_limits.py).
+statement against a sandboxed DuckDB connection in a query worker process (never this process's
+GIL), bearer token required, limited in size, in time and in how many run at once
+(collector/lightning_otel/collector/query_limits.py).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from aiohttp import HttpVersion11, web
 from google.rpc import code_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
+from lightning_otel.collector.client_errors import ClientErrorLog, http_server_logger
 from lightning_otel.collector.config import CollectorConfig
 from lightning_otel.collector.http_body import (
     ENCODINGS,
@@ -89,10 +91,11 @@ def ingest(ingestor: Ingestor, content_type: str, body: Body) -> Result:
     """Decode or check one export body and log it durably (runs on the ingest pool: it blocks on fsync).
 
     A gzip protobuf body is logged as received (GZIP flag: less to write); JSON is logged as the
-    protobuf it decodes to. Raises ValueError (400), Overloaded (429/503), OSError (503)."""
+    protobuf it decodes to, after the same checks as a protobuf body (nesting that upb refuses to
+    parse is a 400 here, not a segment the converter cannot read). Raises ValueError (400),
+    Overloaded (429/503), OSError (503)."""
     if content_type == JSON:
-        request = decode_json(body.data())
-        return ingestor.export(request, request.SerializeToString())
+        return ingestor.export_body(decode_json(body.data()).SerializeToString())
     if body.encoding == GZIP_ENCODING:
         return ingestor.export_body(body.data(), body.raw(), GZIP)
     return ingestor.export_body(body.data())
@@ -114,6 +117,8 @@ class OTLPHTTPServer:
             max(1, config.query_max_concurrent), thread_name_prefix="lightning-otel-query"
         )
         self._exports = 0  # exports between admission and reply (event-loop thread only)
+        self._client_errors = ClientErrorLog()  # 400s: one WARNING line per client per interval
+        self._server_errors = ClientErrorLog()  # 500s (our bugs): one traceback per client per interval
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
@@ -165,6 +170,7 @@ class OTLPHTTPServer:
         self._runner = web.AppRunner(
             self.app(),
             access_log=None,
+            logger=http_server_logger(self._client_errors),
             auto_decompress=False,
             shutdown_timeout=5.0,
             keepalive_timeout=config.http_read_timeout_s,
@@ -182,6 +188,8 @@ class OTLPHTTPServer:
             self._thread.join()
         self._ingest_pool.shutdown(wait=True)  # nothing writes to the log once this returns
         self._query_pool.shutdown(wait=True)
+        if self.queries is not None:
+            self.queries.close()  # its worker processes
 
     # Traces ---------------------------------------------------------------------------------
 
@@ -244,6 +252,7 @@ class OTLPHTTPServer:
         except BodyTimeout as exc:
             return _status(408, code_pb2.DEADLINE_EXCEEDED, str(exc), reply_type, close=True)
         except BadEncoding as exc:
+            self._client_errors.warn(request.remote, f"undecodable body: {exc}")
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         # In flight = being decoded and logged: a client still sending its body takes no slot.
         if self._exports >= config.max_inflight:
@@ -254,6 +263,7 @@ class OTLPHTTPServer:
         try:
             result = await self._loop.run_in_executor(self._ingest_pool, ingest, self.ingestor, media_type, body)
         except ValueError as exc:
+            self._client_errors.warn(request.remote, str(exc))
             return _status(400, code_pb2.INVALID_ARGUMENT, str(exc), reply_type)
         except Overloaded as exc:
             code = 429 if exc.too_many_requests else 503
@@ -263,6 +273,10 @@ class OTLPHTTPServer:
         except OSError as exc:  # disk full or gone: the exporter should retry later
             log.error("write-ahead log append failed: %s", exc)
             return _status(503, code_pb2.UNAVAILABLE, "cannot write the log", reply_type, headers={"Retry-After": "5"})
+        except Exception:  # a bug of ours on this body: 500, and a client cannot fill the log with it
+            if self._server_errors.allow(request.remote) is not None:
+                log.exception("export from %s failed", request.remote)
+            return _status(500, code_pb2.INTERNAL, "internal error", reply_type)
         finally:
             self._exports -= 1
         response = ExportTraceServiceResponse()

@@ -28,10 +28,19 @@ def _fix_ids(item: dict) -> None:
             item[key] = _hex_id_to_base64(item[key], length)
 
 
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON (OTLP/JSON writes it as a string)")
+
+
 def decode_json(body: bytes) -> ExportTraceServiceRequest:
-    """Parse an OTLP/JSON export body; raises ValueError when it is not one."""
+    """Parse an OTLP/JSON export body; raises ValueError when it is not one.
+
+    Whatever the parsers raise on a client's bytes is a ValueError here (a 400, not a 500): besides
+    their own errors, an OverflowError (`"kind": 1e400` or `Infinity` for an integer field) and a
+    RecursionError (arrays or key-value lists nested hundreds deep). The request is then checked
+    as protobuf like any other (otlp_http.ingest), so JSON gets no nesting protobuf would refuse."""
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_not_json)
         if not isinstance(data, dict):
             raise ValueError("top level must be an object")
         for resource_spans in data.get("resourceSpans") or []:
@@ -41,8 +50,12 @@ def decode_json(body: bytes) -> ExportTraceServiceRequest:
                     for link in span.get("links") or []:
                         _fix_ids(link)
         return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
-    except (ValueError, TypeError, AttributeError, json_format.ParseError) as exc:
-        raise ValueError(f"undecodable OTLP/JSON: {exc}") from None
+    except MemoryError:
+        raise  # the server's problem, not the client's
+    except Exception as exc:
+        message = str(exc)
+        message = message if len(message) <= 300 else message[:299] + "…"
+        raise ValueError(f"undecodable OTLP/JSON: {type(exc).__name__}: {message}") from None
 
 
 def encode_json(message) -> bytes:

@@ -2,6 +2,9 @@
 
 - Conversion: closed WAL segments -> Parquet, in worker processes (spawned, so the receiver's
   threads and the GIL are not shared), each deleting its segment only after the files are durable.
+  An export body that does not decode is quarantined (quarantine.py) and the rest of its segment
+  converted; a segment whose conversion fails is retried with a growing delay, and quarantined
+  whole after MAX_ATTEMPTS failures (a full disk excepted: that is retried until it clears).
 - Compaction: many small files in a partition -> one file (deduplicated by trace and span id).
   The inputs are deleted only after a grace period, so a query that listed them a moment ago still
   finds them; meanwhile the `spans` view's deduplication hides the overlap.
@@ -10,14 +13,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gzip
 import logging
 import multiprocessing
 import os
 import secrets
+import signal
 import threading
 import time
 from collections import defaultdict
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,25 +34,58 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from lightning_otel.collector.quarantine import describe, quarantine_records, quarantine_segment
 from lightning_otel.collector.span_decoder import batch_from_body, keep_freed_memory
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store, lists_with_values
-from lightning_otel.collector.wal import WriteAheadLog, read_segment
+from lightning_otel.collector.wal import GZIP, WriteAheadLog, read_records
 
 log = logging.getLogger(__name__)
 IDLE_ROTATE_BYTES = 1024 * 1024
 IDLE_ROTATE_S = 0.05
+MAX_ATTEMPTS = 3  # failed conversions of one segment before it is quarantined
+RETRY_DELAY_S = 1.0  # after a failed conversion; doubled after each, up to MAX_RETRY_DELAY_S
+MAX_RETRY_DELAY_S = 60.0
+# Failures that say nothing about the segment's data: retried (with the delay) until they clear.
+_RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.ENOMEM}
 
 
-def convert_segment(store_uri: str, wal_path: str, segment: str, verify: bool = True) -> int:
-    """WAL segment -> Parquet files, then delete the segment. Runs in a worker process."""
+def convert_segment(store_uri: str, wal_path: str, segment: str, verify: bool = True) -> tuple[int, int]:
+    """WAL segment -> Parquet files, then delete the segment. Runs in a worker process.
+
+    Each export body is decoded on its own: one that fails is quarantined (durably, before the
+    segment goes) and the others are converted. Returns (rows written, bodies quarantined)."""
     store = Store(store_uri)
-    batches = [batch_from_body(body) for body in read_segment(Path(wal_path), verify)]
+    batches, failed = [], []
+    for index, (payload, flags) in enumerate(read_records(Path(wal_path), verify)):
+        try:
+            batches.append(batch_from_body(gzip.decompress(payload) if flags & GZIP else payload))
+        except MemoryError:
+            raise  # the machine's state, not the body's: the segment is tried again (Pipeline._failed)
+        except Exception as exc:  # any failure of one body is that body's: the rest still converts
+            failed.append((index, payload, flags, describe(exc)))
+    if failed:
+        quarantine_records(store, Path(wal_path).parent, segment, failed)
     rows = sum(b.num_rows for b in batches)
     if rows:
         store.write_segment(segment, pa.Table.from_batches(batches, SPANS_SCHEMA))
     os.unlink(wal_path)
-    return rows
+    return rows, len(failed)
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """Workers are spawned in here: SIGINT and SIGTERM blocked in the calling thread, a mask the
+    new process inherits. Those signals reach the whole process group (Ctrl-C, stop_process), and
+    a worker killed mid-segment breaks the pool just as the collector drains the log into Parquet;
+    the collector stops its workers itself (Pipeline.stop). Blocked, not ignored: a signal for the
+    collector meanwhile is delivered once the block ends."""
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _init_worker(nice: int) -> None:
@@ -109,49 +150,102 @@ class Pipeline:
         self.compact_interval_s = compact_interval_s
         self.compact_grace_s = compact_grace_s
         self.retention_hours = retention_hours
-        self.executor: Executor = (
-            ProcessPoolExecutor(
-                workers,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker,
-                initargs=(worker_nice,),
-            )
-            if workers > 0
-            else _InlineExecutor()
-        )
+        self._workers, self._worker_nice = workers, worker_nice
+        self.executor: Executor = self._new_executor()
         # Segments from an earlier run may end in a torn record: only their CRCs are checked.
         self._inherited = set(wal.segments())
         self._inflight: dict[str, Future] = {}
+        self._failures: dict[str, tuple[int, float]] = {}  # segment -> (failed attempts, retry after)
         self._doomed: list[tuple[float, list[str]]] = []  # (delete after, paths)
         self._last_maintenance = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="lightning-otel-pipeline", daemon=True)
         self.spans_written = 0
+        self.quarantined_records = 0  # export bodies quarantined by this run
+        self.quarantined_segments = 0  # whole segments quarantined by this run
+
+    def _new_executor(self) -> Executor:
+        if self._workers <= 0:
+            return _InlineExecutor()
+        return ProcessPoolExecutor(
+            self._workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(self._worker_nice,),
+        )
 
     # -- conversion ------------------------------------------------------------------------------
-    def _submit_closed(self) -> None:
+    def _submit_closed(self, retry_now: bool = False) -> None:
+        now = time.monotonic()
         for segment in self.wal.closed_segments():
-            if segment not in self._inflight:
-                path = str(self.wal.path(segment))
-                verify = segment in self._inherited
+            if segment in self._inflight:
+                continue
+            if not retry_now and self._failures.get(segment, (0, 0.0))[1] > now:
+                continue  # failed a moment ago: wait for its retry time
+            path = str(self.wal.path(segment))
+            verify = segment in self._inherited
+            with _stop_signals_blocked():  # a submit may spawn a worker
                 self._inflight[segment] = self.executor.submit(convert_segment, self.store.uri, path, segment, verify)
 
     def _collect(self, wait: bool) -> None:
+        broken = self.executor
         for segment, future in list(self._inflight.items()):
             if not wait and not future.done():
                 continue
-            try:
-                self.spans_written += future.result()
-            except Exception:
-                log.exception("could not convert WAL segment %s; keeping it for a retry", segment)
             del self._inflight[segment]
+            try:
+                rows, quarantined = future.result()
+            except Exception as exc:
+                if isinstance(exc, BrokenProcessPool) and self.executor is broken:
+                    # a worker died (killed, out of memory): a new pool; the segment counts an attempt
+                    self.executor.shutdown(wait=False)
+                    self.executor = self._new_executor()
+                self._failed(segment, exc)
+                continue
+            self._failures.pop(segment, None)
+            self.spans_written += rows
+            if quarantined:
+                self.quarantined_records += quarantined
+                log.warning(
+                    "WAL segment %s: %d export(s) could not be decoded and are quarantined (reasons in %s)",
+                    segment,
+                    quarantined,
+                    f"{self.store.root}/quarantine/{segment}.json",
+                )
+
+    def _failed(self, segment: str, error: BaseException) -> None:
+        """A conversion failed: retry later, or quarantine the segment after MAX_ATTEMPTS; log once."""
+        attempts = self._failures.get(segment, (0, 0.0))[0] + 1
+        resource = isinstance(error, OSError) and error.errno in _RESOURCE_ERRNOS
+        if attempts >= MAX_ATTEMPTS and not resource:
+            self._failures.pop(segment, None)
+            try:
+                target = quarantine_segment(self.store, self.wal.path(segment), segment, describe(error))
+            except OSError as exc:
+                log.warning("could not quarantine WAL segment %s (%s); retrying it later", segment, describe(exc))
+                self._failures[segment] = (attempts, time.monotonic() + MAX_RETRY_DELAY_S)
+                return
+            self.quarantined_segments += 1
+            log.warning(
+                "WAL segment %s failed to convert %d times (%s): quarantined in %s",
+                segment,
+                attempts,
+                describe(error),
+                target,
+            )
+            return
+        delay = min(RETRY_DELAY_S * 2 ** (attempts - 1), MAX_RETRY_DELAY_S)
+        self._failures[segment] = (attempts, time.monotonic() + delay)
+        if attempts == 1:
+            log.warning("could not convert WAL segment %s (%s); retrying it", segment, describe(error))
 
     def flush(self) -> None:
-        """Everything acknowledged so far becomes queryable before this returns."""
+        """Everything acknowledged so far becomes queryable before this returns, but for what is
+        quarantined or failed to convert just now (then retried later, see `_failed`)."""
         with self._lock:
             self.wal.rotate()
-            self._submit_closed()
+            self._submit_closed(retry_now=True)
             self._collect(wait=True)
 
     # -- maintenance -------------------------------------------------------------------------------
@@ -170,7 +264,8 @@ class Pipeline:
             inputs = live if closed else [i for i in live if i.base_name.startswith("part-")]
             if len(inputs) >= (2 if closed else self.compact_min_files):
                 paths = sorted(i.path for i in inputs)
-                jobs.append((paths, self.executor.submit(compact_files, self.store.uri, paths, directory)))
+                with _stop_signals_blocked():
+                    jobs.append((paths, self.executor.submit(compact_files, self.store.uri, paths, directory)))
         made = 0
         for paths, future in jobs:
             try:
@@ -245,8 +340,9 @@ class Pipeline:
         if isinstance(self.executor, ProcessPoolExecutor):
             # Workers spawn lazily and take seconds to import pyarrow: start them all now, not
             # when the first burst of exports is already waiting.
-            for _ in range(self.executor._max_workers):
-                self.executor.submit(_warm_up, 0.5)
+            with _stop_signals_blocked():
+                for _ in range(self.executor._max_workers):
+                    self.executor.submit(_warm_up, 0.5)
         self.flush()  # replay what a previous run left in the log
         self._thread.start()
         return self

@@ -14,7 +14,10 @@ Views (docs/sql.md has columns and examples):
              messages (GenAI-convention JSON parts) and `training_source`
   tool_calls TOOL spans (OpenInference's, or GenAI-convention execute_tool)
   rewards    one row per reward report
-  rollouts   one row per rollout: task, reward (latest 'reward'), rewards map, calls, times
+  rollouts   one row per rollout: task, split (train / eval), reward (latest 'reward'), rewards map,
+             calls, times
+  reward_by_version  per split and policy version: tasks, rollouts, mean reward and solved share with
+             95% intervals (held-out evaluation: WHERE split = 'eval')
   train_steps  one row per optimizer step of the training job: reward, loss, clip fraction, swap time
   merge_diagnostics  one row per boundary between consecutive LLM calls, from the trainer: merged or
              not, first divergent position, classified cause
@@ -22,19 +25,16 @@ Views (docs/sql.md has columns and examples):
              the loss (invalid behaviour logprobs), one per rollout excluded for good (non-finite
              reward, non-finite gradient, ...)
 
-`sandboxed_connect` is the same with the doors shut, for SQL from the network: no file, network
-or extension access outside the trace store, settings locked, and `check_read_only` refuses any
-statement that is not a query. `run_query` is the two together, the one way SQL from the network
-runs; `query_limits.QueryLimiter` adds a time limit and a cap on concurrent queries around it (the
-collector's and the dashboard's POST /v1/query).
+SQL from the network never runs on these connections: query_sandbox.py opens the same views with
+no write path at all (no local file system, the store read through a read-only one, no temp
+directory) and accepts one plain query; it runs in a query worker process (query_worker.py) within
+the time limit and cap of query_limits.QueryLimiter (the collector's and the dashboard's POST /v1/query).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import TypeVar
 
 import duckdb
@@ -156,6 +156,36 @@ def spans_raw_statement(source: str) -> str:
     return f"""CREATE OR REPLACE VIEW spans_raw AS SELECT * FROM {source}"""
 
 
+_Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: two-sided 95% intervals
+
+
+def reward_by_version_sql(rollouts: str) -> str:
+    """Reward per (split, policy version) over `rollouts` (the view, or a window of it with the same
+    columns): rewarded rollouts one version served whole, with 95% intervals: the mean reward's normal
+    one (1.96 standard errors), and Wilson's for the solved share (reward >= 1), which stays inside
+    [0, 1] and is not zero-width at 0% or 100%. The `reward_by_version` view; `report` over its window."""
+    z = _Z95
+    wilson = (
+        f"(solved + {z}^2 / (2 * rollouts) {{sign}} {z} * sqrt(solved * (1 - solved) / rollouts + {z}^2 / (4 * rollouts^2)))"
+        f" / (1 + {z}^2 / rollouts)"
+    )
+    return f"""
+        WITH scored AS (
+            SELECT split, policy_versions[1] AS version, task_id, reward, (reward >= 1)::INT AS solved, end_time
+            FROM {rollouts} WHERE reward IS NOT NULL AND len(policy_versions) = 1),
+        totals AS (
+            SELECT split, version, count(DISTINCT task_id) AS tasks, count(*) AS rollouts,
+                   avg(reward) AS mean_reward, coalesce(stddev_samp(reward), 0) AS sd, avg(solved) AS solved,
+                   min(end_time) AS first_end_time, max(end_time) AS last_end_time
+            FROM scored GROUP BY split, version)
+        SELECT split, version, tasks, rollouts, mean_reward,
+               mean_reward - {z} * sd / sqrt(rollouts) AS reward_low,
+               mean_reward + {z} * sd / sqrt(rollouts) AS reward_high,
+               solved, {wilson.format(sign="-")} AS solved_low, {wilson.format(sign="+")} AS solved_high,
+               first_end_time, last_end_time
+        FROM totals"""
+
+
 def view_statements(source: str) -> list[str]:
     llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
     primary = _literal(schema.DEFAULT_REWARD_NAME)
@@ -253,7 +283,9 @@ def view_statements(source: str) -> list[str]:
                        count(*) FILTER (WHERE span_kind = {tool}) AS tool_calls,
                        list(DISTINCT policy_version ORDER BY policy_version)
                            FILTER (WHERE policy_version IS NOT NULL) AS policy_versions,
-                       coalesce(bool_or(is_rollout_root AND status_code = 'ERROR'), false) AS failed
+                       coalesce(bool_or(is_rollout_root AND status_code = 'ERROR'), false) AS failed,
+                       coalesce(max({_attribute(schema.ROLLOUT_SPLIT)}) FILTER (WHERE is_rollout_root OR span_kind = {llm}),
+                                {_literal(schema.SPLIT_TRAIN)}) AS split
                 FROM spans WHERE rollout_id IS NOT NULL
                 GROUP BY rollout_id),
             calls AS (
@@ -268,8 +300,10 @@ def view_statements(source: str) -> list[str]:
                 FROM latest GROUP BY rollout_id)
             SELECT m.rollout_id, m.task_id, m.attempt, m.service_name, m.trace_id, m.start_time, m.end_time,
                    date_diff('microsecond', m.start_time, m.end_time) / 1000.0 AS duration_ms,
-                   coalesce(c.llm_calls, 0) AS llm_calls, m.tool_calls, r.reward, r.rewards, m.policy_versions, m.failed
+                   coalesce(c.llm_calls, 0) AS llm_calls, m.tool_calls, r.reward, r.rewards, m.policy_versions, m.failed,
+                   m.split
             FROM members m LEFT JOIN per_rollout r USING (rollout_id) LEFT JOIN calls c USING (rollout_id)""",
+        f"CREATE OR REPLACE VIEW reward_by_version AS {reward_by_version_sql('rollouts')}",
     ]
 
 
@@ -301,8 +335,8 @@ def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
     conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
     for statement in view_statements("_empty_spans"):
         conn.execute(statement)
-    if store.has_data():
-        conn.execute(spans_raw_statement(parquet_source(store)))
+    if store.has_data():  # binding reads the footers: a file compaction deletes meanwhile is listed again
+        retry_vanished_files(lambda: conn.execute(spans_raw_statement(parquet_source(store))))
 
 
 def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
@@ -310,9 +344,6 @@ def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
     conn = duckdb.connect()
     _create_views(conn, Store(data_dir))
     return conn
-
-
-QUERY_MEMORY_LIMIT = "1GB"
 
 
 def vanished_file(error: BaseException) -> bool:
@@ -332,64 +363,3 @@ def retry_vanished_files(run: Callable[[], T], attempts: int = 3) -> T:
             if attempt == attempts - 1 or not vanished_file(error):
                 raise
     raise AssertionError("unreachable")
-
-
-def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = QUERY_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
-    """Like connect(), but SQL can read only the trace store and change nothing outside the session."""
-    store = Store(data_dir)
-    conn = duckdb.connect(
-        config={"memory_limit": memory_limit, "autoinstall_known_extensions": False, "autoload_known_extensions": False}
-    )
-    _create_views(conn, store)
-    if store.is_local:
-        conn.execute("SET allowed_directories = [?]", [store.spans_root + os.sep])
-    conn.execute("SET enable_external_access = false")
-    conn.execute("SET lock_configuration = true")
-    return conn
-
-
-_READ_ONLY = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
-
-
-def check_read_only(sql: str) -> None:
-    """Raise ValueError unless `sql` is one query (SELECT / WITH / EXPLAIN)."""
-    try:
-        statements = duckdb.extract_statements(sql)
-    except duckdb.Error as exc:
-        raise ValueError(f"cannot parse SQL: {exc}") from None
-    if len(statements) != 1:
-        raise ValueError("exactly one statement is allowed")
-    if statements[0].type not in _READ_ONLY:
-        raise ValueError(f"only queries are allowed, not {statements[0].type.name}")
-
-
-MAX_QUERY_ROWS = 100_000
-
-
-def run_query(
-    data_dir: str | os.PathLike,
-    sql: str,
-    max_rows: int = MAX_QUERY_ROWS,
-    memory_limit: str = QUERY_MEMORY_LIMIT,
-    watch: Callable[[duckdb.DuckDBPyConnection], AbstractContextManager] | None = None,
-) -> dict:
-    """One read-only statement from the network, on a sandboxed connection opened for it alone:
-    `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows).
-
-    Raises ValueError for anything but one query and duckdb.Error for a failing one (both are the
-    caller's 400). `watch(conn)`, a context manager, holds the connection while the statement runs
-    and its rows are fetched (query_limits.QueryLimiter interrupts it from there). Shared by the
-    collector's and the dashboard's POST /v1/query (through QueryLimiter), so both have the same
-    sandbox and the same reply."""
-    if not isinstance(sql, str):
-        raise ValueError("'sql' must be a string")
-    check_read_only(sql)
-    conn = sandboxed_connect(data_dir, memory_limit)
-    try:
-        with watch(conn) if watch is not None else contextlib.nullcontext():
-            result = conn.execute(sql)
-            columns = [d[0] for d in result.description] if result.description else []
-            rows = result.fetchmany(max_rows + 1) if columns else []
-    finally:
-        conn.close()
-    return {"columns": columns, "rows": [list(row) for row in rows[:max_rows]], "truncated": len(rows) > max_rows}

@@ -1,9 +1,9 @@
 """The receiver's quick check of an OTLP/protobuf export body, without parsing it into messages.
 
 `span_count(body)` is the number of spans when the compiled walk (`_request_check.c`) is sure
-the body is one that upb parses and that every span in it has valid ids; otherwise None, and
-the caller parses the body with upb (`span_rows.decode_request`) to get its error or drop the
-bad spans, as before. The walk's schema is built here from the installed protobuf descriptors,
+the body is one that upb parses, that every span in it has valid ids and that nothing in it is
+near a size cap (size_caps.py); otherwise None, and the caller parses the body with upb
+(`span_rows.decode_request`) to get its error or drop the bad spans, as before. The walk's schema is built here from the installed protobuf descriptors,
 so a field the installed OTLP version does not know sends the body to upb too.
 Without the extension (no C compiler at install time) or with LIGHTNING_OTEL_PURE_PYTHON=1,
 `span_count` is always None. tests/test_request_check.py holds it to upb's answers.
@@ -15,7 +15,10 @@ import os
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from opentelemetry.proto.common.v1.common_pb2 import KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, Span
+
+from lightning_otel.collector import size_caps
 
 try:
     from lightning_otel.collector import _request_check
@@ -89,6 +92,14 @@ def _configure() -> bool:
         fields["trace_id"].number,
         fields["span_id"].number,
         fields["parent_span_id"].number,
+        index[KeyValue.DESCRIPTOR.full_name],
+        KeyValue.DESCRIPTOR.fields_by_name["key"].number,
+        index[ResourceSpans.DESCRIPTOR.full_name],
+        ResourceSpans.DESCRIPTOR.fields_by_name["resource"].number,
+        size_caps.MAX_KEY_BYTES,
+        size_caps.MAX_ATTRIBUTE_BYTES,
+        size_caps.MAX_RESOURCE_BYTES,
+        size_caps.MAX_RESOURCE_COPY_BYTES,
     )
     return True
 

@@ -10,6 +10,7 @@ from lightning_otel.collector.ingest import Ingestor
 from lightning_otel.collector.otlp_grpc import start_grpc_server
 from lightning_otel.collector.otlp_http import OTLPHTTPServer
 from lightning_otel.collector.pipeline import Pipeline
+from lightning_otel.collector.quarantine import QUARANTINE_DIR, summary
 from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import WriteAheadLog
 
@@ -74,6 +75,25 @@ class Collector:
             self.grpc.stop(grace=5).wait()
         self.pipeline.stop()
         self.wal.close()
+
+    def conversion_report(self) -> str:
+        """After `stop()`: whether every acknowledged span is in Parquet, and if not, where the rest is."""
+        pending = self.wal.segments()
+        held = summary(self.wal.directory)
+        if not pending and not held.records:
+            return "all acknowledged spans are in Parquet"
+        parts = []
+        if held.records:
+            parts.append(
+                f"{held.records} acknowledged export(s) could not be converted and are quarantined in"
+                f" {held.directory} (reasons: {self.store.root.rstrip('/')}/{QUARANTINE_DIR}/*.json)"
+            )
+        if pending:
+            parts.append(
+                f"{len(pending)} write-ahead log segment(s) in {self.wal.directory} are not in Parquet yet;"
+                " the next start converts them"
+            )
+        return "; ".join(parts)
 
     def __enter__(self) -> Collector:
         return self.start()

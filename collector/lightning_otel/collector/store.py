@@ -5,6 +5,12 @@ Layout (Hive partitioning, readable as is by DuckDB, Spark, Trino, ClickHouse):
     ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet
     ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/compact-<id>.parquet
 
+<svc> is the service name itself when it is short and made of letters, digits, `-` and `_` only;
+any other name becomes those of its characters (at most _PREFIX_CHARS), `~` and a hash of the whole
+name (see `partition_value`): service.name comes from the exporter, and no value of it may make a
+path that a file system, or a reader that decodes percent-escapes (DuckDB does), takes for
+something else. The rows' `service_name` column always holds the name as sent; the partition value
+only places the file.
 A WAL segment's files are named after it, so converting the same segment twice (a crash between
 writing Parquet and deleting the segment) rewrites the same files instead of adding rows.
 Locally, files are written under a temporary name that does not end in .parquet and renamed into
@@ -13,9 +19,10 @@ place, so a reader's glob never sees half a file; object stores make a PUT visib
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import threading
-import urllib.parse
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -32,6 +39,10 @@ from lightning_otel.collector.wal import fsync_path
 SPANS_DIR = "spans"
 SCHEMA_FILE = "_schema.parquet"
 _HOUR_US = 3_600 * 1_000_000
+# A path component is at most 255 bytes on common file systems (and object-store keys have limits
+# of their own): a partition value is kept well below that, whatever the service name.
+PARTITION_VALUE_MAX = 96
+_PREFIX_CHARS = 64
 # Parquet settings chosen by bench/collector_ingest.py (BENCHMARKS.md): dictionaries only where
 # values repeat, statistics only where queries filter, zstd for text, none for token/logprob
 # arrays (near-incompressible; compressing them halved throughput for little space).
@@ -145,8 +156,7 @@ class Store:
 
     def partition_dir(self, service: str | None, hour: int) -> str:
         when = datetime.fromtimestamp(hour * 3600, tz=UTC)
-        service_part = urllib.parse.quote(service or "unknown", safe="")
-        return f"{self.spans_root}/service={service_part}/date={when:%Y-%m-%d}/hour={when:%H}"
+        return f"{self.spans_root}/service={partition_value(service)}/date={when:%Y-%m-%d}/hour={when:%H}"
 
     def files(self) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
@@ -176,13 +186,39 @@ class Store:
             groups = defaultdict(list)
             for row, key in enumerate(zip(services_array.to_pylist(), hours_array.to_pylist())):
                 groups[key].append(row)
+        # One file per partition directory, not per service name: names that share a directory (no
+        # service and "unknown"; two cut names with one digest) must not overwrite each other's file.
+        by_directory: dict[str, list[int] | None] = {}
+        for (service, hour), rows in groups.items():
+            directory = self.partition_dir(service, hour)
+            if directory in by_directory:
+                by_directory[directory] = sorted((by_directory[directory] or []) + (rows or []))
+            else:
+                by_directory[directory] = rows
         written = []
-        for (service, hour), rows in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
-            path = f"{self.partition_dir(service, hour)}/part-{segment}.parquet"
+        for directory, rows in sorted(by_directory.items()):
+            path = f"{directory}/part-{segment}.parquet"
             part = table if rows is None else table.take(pa.array(rows))
             self.write(part, path, LIVE_WRITE_OPTIONS, lists_with_values(part))
             written.append(path)
         return written
+
+
+def partition_value(service: str | None) -> str:
+    """The `service=` directory name for a service name (no name: `unknown`). A name of at most
+    PARTITION_VALUE_MAX letters, digits, `-` and `_` is itself; any other is its first _PREFIX_CHARS
+    such characters, `~` and 16 hex digits of the whole name's SHA-256. `~` is in no plain value, so
+    a hashed name never shares a directory with a plain one; no value holds `.`, `/`, `%` or `=`."""
+    name = "unknown" if service is None else service
+    if name and len(name) <= PARTITION_VALUE_MAX and _PLAIN.fullmatch(name):
+        return name
+    prefix = "".join(_PLAIN_CHAR.findall(name))[:_PREFIX_CHARS]
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{prefix}~{digest}"
+
+
+_PLAIN_CHAR = re.compile(r"[A-Za-z0-9_-]")
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def lists_with_values(table: pa.Table) -> list[str]:
@@ -195,13 +231,15 @@ def _write_parts(path: str, parts: list) -> None:
     """Write buffers to a new file in order, then fsync it."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        pending = [view for view in (memoryview(part).cast("B") for part in parts) if len(view)]
-        while pending:
-            done = os.writev(fd, pending[:1024])  # IOV_MAX
-            while pending and done >= len(pending[0]):
-                done -= len(pending.pop(0))
-            if done:
-                pending[0] = pending[0][done:]
+        views = [view for view in (memoryview(part).cast("B") for part in parts) if len(view)]
+        first = 0  # the first view not yet written whole (an index: popping the list's front is quadratic)
+        while first < len(views):
+            done = os.writev(fd, views[first : first + 1024])  # IOV_MAX
+            while first < len(views) and done >= len(views[first]):
+                done -= len(views[first])
+                first += 1
+            if done:  # a short write ended inside this view
+                views[first] = views[first][done:]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -156,10 +156,17 @@ class WriteAheadLog:
 
 
 def read_segment(path: Path, verify: bool = True) -> Iterator[bytes | memoryview]:
-    """The segment's payloads, as views into the file mapped read-only (no copy of the segment
-    or of a record; the mapping closes when the last view is gone). `verify=False` skips the
-    CRCs, for segments this process wrote and closed (whole by construction; the CRCs of a
-    training-span segment cost ~10 us of CPU per span to check)."""
+    """The segment's payloads, decompressed (see `read_records`)."""
+    for payload, flags in read_records(path, verify):
+        yield gzip.decompress(payload) if flags & GZIP else payload
+
+
+def read_records(path: Path, verify: bool = True) -> Iterator[tuple[memoryview, int]]:
+    """The segment's records as (payload as stored, flags), views into the file mapped read-only
+    (no copy of the segment or of a record; the mapping closes when the last view is gone), up to
+    the first torn record. `verify=False` skips the CRCs, for segments this process wrote and
+    closed (whole by construction; the CRCs of a training-span segment cost ~10 us of CPU per span
+    to check)."""
     with open(path, "rb") as file:
         if os.fstat(file.fileno()).st_size == 0:
             return
@@ -170,6 +177,10 @@ def read_segment(path: Path, verify: bool = True) -> Iterator[bytes | memoryview
         start, end = offset + _HEADER.size, offset + _HEADER.size + length
         if end > len(data) or (verify and crc32(data[start:end]) != crc):
             return  # torn tail: never acknowledged
-        payload = data[start:end]
-        yield gzip.decompress(payload) if flags & GZIP else payload
+        yield data[start:end], flags
         offset = end
+
+
+def record_bytes(payload: bytes | memoryview, flags: int) -> bytes:
+    """One record as `append` writes it (header + payload): to copy records into another file."""
+    return _HEADER.pack(len(payload), crc32(payload), flags) + bytes(payload)

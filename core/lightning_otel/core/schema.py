@@ -138,6 +138,12 @@ ROLLOUT_ID = "lightning.rollout.id"
 TASK_ID = "lightning.task.id"  # the GRPO group key
 ATTEMPT = "lightning.rollout.attempt"
 ROLLOUT_ROOT = "lightning.rollout.root"  # bool, true only on the rollout's own span
+# Which split a rollout is in: absent means SPLIT_TRAIN; SPLIT_EVAL rollouts are never trained on
+# (the `rollouts` view's `split`, the `reward_by_version` view).
+ROLLOUT_SPLIT = "lightning.rollout.split"
+SPLIT_TRAIN = "train"
+SPLIT_EVAL = "eval"
+SPLITS = (SPLIT_TRAIN, SPLIT_EVAL)
 
 # --- rewards: one EVALUATOR span per reward report --------------------------------------
 REWARD_NAME = "lightning.reward.name"
@@ -202,6 +208,9 @@ TRAIN_SAMPLES_PER_ROLLOUT = "lightning.train.samples_per_rollout"
 # Spans this process dropped so far (export queue full), cumulative; with the resource's
 # service.instance.id, SQL sums the latest value per process.
 SDK_DROPPED_SPANS = "lightning.sdk.dropped_spans"
+# Private OpenAI / OpenTelemetry SDK internals this process found missing (a newer SDK laid out
+# differently) and replaced by their slower public fallback; absent when none (docs/agent-side.md).
+SDK_FALLBACKS = "lightning.sdk.fallbacks"
 SERVICE_INSTANCE_ID = "service.instance.id"  # OpenTelemetry resource attribute, one per process
 
 # Span names we create.
@@ -220,6 +229,7 @@ LIGHTNING_ATTRIBUTES = (
     TASK_ID,
     ATTEMPT,
     ROLLOUT_ROOT,
+    ROLLOUT_SPLIT,
     REWARD_NAME,
     REWARD_VALUE,
     POLICY_VERSION,
@@ -261,4 +271,5 @@ LIGHTNING_ATTRIBUTES = (
     TRAIN_MASKED_CALLS,
     TRAIN_MASKED_TOKENS,
     SDK_DROPPED_SPANS,
+    SDK_FALLBACKS,
 )

@@ -7,14 +7,15 @@ are spelled once. Standard library only: this runs in agents.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import operator
 import threading
 import time
-import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,19 +225,97 @@ class _ServerInfo:
     has_weight_info: bool
 
 
+class _VersionReader:
+    """One vLLM server's weight version, read by a thread of its own (a dead or slow server stalls only
+    that thread): every `poll_s`, and soon after any call asked for a label (at most every
+    `min_gap_s`, which bounds the /weight_info load a busy agent adds). `latest` is (monotonic time
+    the read that gave it was sent, version), swapped as one tuple so a reader never sees half."""
+
+    def __init__(self, owner: VLLMEndpoints, base: str, headers: dict, version: str, read_at: float) -> None:
+        self.owner, self.base, self.headers = owner, base, headers
+        self.latest = (read_at, version)
+        self.wake = threading.Event()
+        self.lock = threading.Lock()  # guards `waiting`; never held across a read
+        self.waiting: list[tuple[float, Callable[[str], None]]] = []
+        self.stopped = False
+        root = urllib.parse.urlsplit(server_root(base))
+        self.path = (root.path or "") + WEIGHT_INFO_PATH
+        connection = http.client.HTTPSConnection if root.scheme == "https" else http.client.HTTPConnection
+        self.connect = lambda: connection(root.hostname, root.port, timeout=_PROBE_TIMEOUT_S)
+        self.connection: http.client.HTTPConnection | None = None
+        threading.Thread(target=self._run, name=f"lightning-otel-weight-version {base}", daemon=True).start()
+
+    def read(self) -> str | None:
+        """GET /weight_info on one kept-alive connection (a new one per read costs the agent several
+        times the CPU); None when it fails or says no version, and the connection is dropped."""
+        try:
+            if self.connection is None:
+                self.connection = self.connect()
+            self.connection.request("GET", self.path, headers=self.headers)
+            reply = self.connection.getresponse()
+            body = reply.read()
+            if reply.status == 200:
+                return weight_version_of(json.loads(body))
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+            pass
+        if self.connection is not None:
+            self.connection.close()
+            self.connection = None
+        return None
+
+    def label(self, since: float, apply: Callable[[str], None]) -> None:
+        with self.lock:
+            self.waiting.append((since, apply))
+        self.wake.set()
+
+    def _run(self) -> None:
+        owner, started = self.owner, 0.0
+        while not self.stopped:
+            self.wake.wait(owner.version_poll_s)
+            pause = started + owner.min_gap_s - time.monotonic()
+            if pause > 0:  # reads at most every min_gap_s, however many calls ask
+                time.sleep(pause)
+            self.wake.clear()
+            started = time.monotonic()
+            version = self.read()
+            if version is not None:
+                self.latest = (started, version)
+            # a failed read releases every waiting label with the last version seen
+            self._apply(started if version is not None else float("inf"))
+        self._apply(float("inf"))
+
+    def _apply(self, up_to: float) -> None:
+        """Apply the labels of calls that ended at or before `up_to`."""
+        with self.lock:
+            ready = [w for w in self.waiting if w[0] <= up_to]
+            self.waiting = [w for w in self.waiting if w[0] > up_to]
+        for _, apply in ready:
+            try:
+                apply(self.latest[1])
+            except Exception:
+                log.exception("lightning_otel: could not label a span with its weight version")
+        if ready:
+            self.owner._settled()
+
+
 class VLLMEndpoints:
     """Caches, per base URL, whether the server is vLLM (its /v1/models says owned_by 'vllm')
-    and its weight version. The version is refreshed by a background thread every
-    `version_poll_s`, so a call reads it from memory: a swap is seen within that interval."""
+    and its weight version, which a background thread per server re-reads (`_VersionReader`):
+    nothing on an agent's call path waits on the network after the first contact with a server.
 
-    def __init__(self, version_poll_s: float = 0.2) -> None:
-        self.version_poll_s = version_poll_s
+    `label(base_url, since, apply)` labels a call exactly: `apply(version)` runs with the version
+    of a /weight_info read sent after `since` (the moment the call's response arrived), on the
+    reader's thread, never the caller's. vLLM's swap (pause, reload, set version, resume) holds calls
+    that arrive during it until the new version is set, so such a read names the weights that
+    served the call unless the swap's reload takes less than the wait for that read (at most
+    `min_gap_s` plus a round trip; reloading weights takes longer)."""
+
+    def __init__(self, version_poll_s: float = 0.2, min_gap_s: float = 0.01) -> None:
+        self.version_poll_s, self.min_gap_s = version_poll_s, min_gap_s
         self._info: dict[str, _ServerInfo] = {}
-        self._versions: dict[str, str] = {}
-        self._headers: dict[str, dict] = {}
+        self._readers: dict[str, _VersionReader] = {}
         self._lock = threading.Lock()
-        self._poller: threading.Thread | None = None
-        self._refreshed_at = 0.0
+        self._idle = threading.Condition()
 
     @staticmethod
     def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
@@ -249,6 +328,8 @@ class VLLMEndpoints:
         return self._info.get(base_url.rstrip("/"))
 
     def info(self, base_url: str, headers: Mapping[str, str]) -> _ServerInfo:
+        """Whether the server is vLLM, asked once per server (the only network I/O on a caller's
+        thread: the first call to a server; async integrations run it in a worker thread)."""
         cached = self.cached(base_url)
         if cached is not None:
             return cached
@@ -259,57 +340,59 @@ class VLLMEndpoints:
         except (OSError, ValueError, AttributeError) as exc:
             log.debug("not treating %s as vLLM: %s", base, exc)
             is_vllm = False
+        read_at = time.monotonic()
         version = self._read_version(base, headers) if is_vllm else None
         info = _ServerInfo(is_vllm=is_vllm, has_weight_info=version is not None)
         with self._lock:
             self._info[base] = info
-            if version is not None:
-                self._versions[base] = version
-                self._headers[base] = dict(headers)
-                self._start_poller()
+            if version is not None and base not in self._readers:
+                self._readers[base] = _VersionReader(self, base, dict(headers), version, read_at)
         return info
 
     def _read_version(self, base: str, headers: Mapping[str, str]) -> str | None:
         try:
             return weight_version_of(self._fetch_json(server_root(base) + WEIGHT_INFO_PATH, headers))
         except (OSError, ValueError, KeyError, TypeError):
-            return None  # dev-mode routes off: no policy version recorded
+            return None  # dev-mode routes off, or the server did not answer in time
 
-    def _start_poller(self) -> None:
-        if self._poller is None:
-            self._poller = threading.Thread(target=self._poll, name="lightning-otel-weight-version", daemon=True)
-            self._poller.start()
-
-    def _poll(self) -> None:
-        while True:
-            time.sleep(self.version_poll_s)
-            self._read_versions()
-
-    def _read_versions(self) -> None:
-        for base, headers in list(self._headers.items()):
-            version = self._read_version(base, headers)
-            if version is not None:
-                self._versions[base] = version
-
-    def refresh(self, max_age_s: float = 0.05) -> None:
-        """Re-read the known servers' weight versions now, unless this ran within `max_age_s`.
-        `rollout()` calls it: in a long-running agent, a rollout started after a swap then carries
-        the new version from its first call instead of the old one until the next poll."""
-        now = time.monotonic()
-        if not self._headers or now - self._refreshed_at < max_age_s:
-            return
-        self._refreshed_at = now
-        self._read_versions()
+    def label(self, base_url: str, since: float, apply: Callable[[str | None], None]) -> None:
+        """Call `apply(version)` once a read sent after `since` (time.monotonic()) answered, from the
+        server's reader thread; now, with None, for a server whose version is not read."""
+        reader = self._readers.get(base_url.rstrip("/"))
+        if reader is None:
+            apply(None)
+        else:
+            reader.label(since, apply)
 
     def weight_version(self, base_url: str) -> str | None:
-        """The last weight version seen for this server (None if it does not say)."""
-        return self._versions.get(base_url.rstrip("/"))
+        """The last weight version seen for this server (None if it does not say); from memory."""
+        reader = self._readers.get(base_url.rstrip("/"))
+        return reader.latest[1] if reader is not None else None
+
+    def pending(self) -> int:
+        return sum(len(reader.waiting) for reader in list(self._readers.values()))
+
+    def _settled(self) -> None:
+        with self._idle:
+            self._idle.notify_all()
+
+    def settle(self, timeout_s: float = 2 * _PROBE_TIMEOUT_S + 1) -> bool:
+        """Wait until every label asked for was applied (a flush does this first); False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while self.pending():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(min(left, 0.05))
+        return True
 
     def forget(self) -> None:
         with self._lock:
+            for reader in self._readers.values():
+                reader.stopped = True
             self._info.clear()
-            self._versions.clear()
-            self._headers.clear()
+            self._readers.clear()
 
 
 ENDPOINTS = VLLMEndpoints()

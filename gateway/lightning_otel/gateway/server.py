@@ -178,7 +178,9 @@ class Gateway:
         task_id = request.match_info.get("task_id") or request.headers.get("X-Task-Id")
         split = request.match_info.get("split") or request.headers.get("X-Rollout-Split") or schema.SPLIT_TRAIN
         if split not in schema.SPLITS:
-            raise web.HTTPBadRequest(text=f"the rollout's split must be one of {', '.join(schema.SPLITS)}, not {split!r}")
+            raise web.HTTPBadRequest(
+                text=f"the rollout's split must be one of {', '.join(schema.SPLITS)}, not {split!r}"
+            )
         identity: dict[str, Any] = {}
         if rollout_id:
             identity[schema.ROLLOUT_ID] = rollout_id

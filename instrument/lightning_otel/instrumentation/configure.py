@@ -12,6 +12,7 @@ batches the collector refuses or never receives are counted too (`failed_spans`)
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -30,6 +31,8 @@ from lightning_otel.core.gen_ai import GenAIConventions, chosen_shape
 from lightning_otel.core.otlp import export_timeout_s, traces_endpoint
 from lightning_otel.core.token_encoding import current as token_encoding_in_use
 from lightning_otel.core.token_encoding import set_encoding
+from lightning_otel.core.vllm_endpoint import ENDPOINTS
+from lightning_otel.instrumentation import sdk_fallbacks
 from lightning_otel.instrumentation.integrations import ALL as INTEGRATIONS
 from lightning_otel.instrumentation.options import (
     CAPTURE_MODES,
@@ -68,7 +71,12 @@ class _CountingExporter(OTLPSpanExporter):
 
     def _export_encoded(self, spans) -> SpanExportResult | None:
         client, limit = getattr(self, "_client", None), getattr(self, "_max_request_size", None)
-        if getattr(self, "_shutdown", True) or not hasattr(client, "export") or not isinstance(limit, int):
+        if not hasattr(client, "export") or not isinstance(limit, int) or not hasattr(self, "_shutdown"):
+            sdk_fallbacks.missing(
+                "OTLPSpanExporter._client/_max_request_size/_shutdown", "spans are encoded by the SDK's exporter"
+            )
+            return None
+        if self._shutdown:
             return None
         try:
             body = encode_request(spans)
@@ -99,6 +107,9 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
         # shorter: this runs at the end of every model call
         batch = getattr(self, "_batch_processor", None)
         if not hasattr(batch, "emit"):  # an SDK laid out differently: its own on_end
+            sdk_fallbacks.missing("BatchSpanProcessor._batch_processor.emit", "the SDK's own on_end")
+            if span.context and span.context.trace_flags.sampled:
+                self.queued += 1
             super().on_end(span)
             return
         if span.context and span.context.trace_flags.sampled:
@@ -107,7 +118,12 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
             batch.emit(span)
 
     def dropped(self, exporter: _CountingExporter) -> int:
-        waiting = len(getattr(getattr(self, "_batch_processor", None), "_queue", ()))
+        queue = getattr(getattr(self, "_batch_processor", None), "_queue", None)
+        if queue is None:
+            sdk_fallbacks.missing(
+                "BatchSpanProcessor._batch_processor._queue", "dropped_spans also counts queued spans"
+            )
+        waiting = len(queue) if queue is not None else 0
         return max(0, self.queued - exporter.handed - waiting)
 
 
@@ -123,7 +139,9 @@ class Instrumentation:
     _exporter: _CountingExporter | None = None
 
     def flush(self, timeout_millis: int = 30_000) -> bool:
-        return self.tracer_provider.force_flush(timeout_millis)
+        """Export every span ended so far, LLM spans still waiting for their weight version included."""
+        settled = ENDPOINTS.settle(timeout_millis / 1000)
+        return self.tracer_provider.force_flush(timeout_millis) and settled
 
     @property
     def dropped_spans(self) -> int:
@@ -189,6 +207,10 @@ def instrument(
         if isinstance(current, TracerProvider):
             provider = current  # someone configured the SDK already: add to it, don't replace it
             limits = getattr(current, "_span_limits", None)
+            if limits is None:
+                sdk_fallbacks.missing(
+                    "TracerProvider._span_limits", "an attribute length cap set before is not checked"
+                )
             if (
                 max_attribute_length is not None
                 and getattr(limits, "max_attribute_length", None) != max_attribute_length
@@ -219,6 +241,7 @@ def instrument(
             resource = Resource.create({schema.SERVICE_NAME: name, schema.SERVICE_INSTANCE_ID: uuid.uuid4().hex})
             provider = TracerProvider(resource=resource, span_limits=limits)
             trace.set_tracer_provider(provider)
+        atexit.register(ENDPOINTS.settle)  # runs before the provider's own exit flush (registered earlier)
         provider.add_span_processor(LightningSpanProcessor())
         exporter = _CountingExporter(endpoint=url, timeout=export_timeout_s())
         processor = _CountingBatchSpanProcessor(exporter)  # never blocks the agent; flushed at exit

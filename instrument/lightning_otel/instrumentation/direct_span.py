@@ -25,9 +25,12 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, SynchronousMultiSpanProcessor
 from opentelemetry.sdk.trace import Span as SDKSpan
+from opentelemetry.sdk.trace import Tracer as SDKTracer
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
+
+from lightning_otel.instrumentation import sdk_fallbacks
 
 log = logging.getLogger(__name__)
 _PLAIN = frozenset((str, int, float, bool, bytes))  # values that need no cleaning
@@ -125,6 +128,7 @@ def _processor_hooks(processor: Any) -> tuple[tuple, tuple] | None:
     known = _hooks.get(id(processor))
     if known is None or known[0] is not processors:
         if type(processors) is not tuple:
+            sdk_fallbacks.missing("SynchronousMultiSpanProcessor._span_processors", "processors are called as usual")
             return None
         if len(_hooks) > 64:
             _hooks.clear()
@@ -144,6 +148,8 @@ def _is_sdk_tracer(tracer: Any) -> bool:
         if len(_checked) > 64:  # tracers made per call (get_tracer returns a new one each time)
             _checked.clear()
         known = _checked[id(tracer)] = (tracer, all(hasattr(tracer, attribute) for attribute in _NEEDED))
+        if not known[1] and isinstance(tracer, SDKTracer):  # the SDK's tracer, laid out differently
+            sdk_fallbacks.missing("sdk Tracer " + "/".join(_NEEDED), "model-call spans are the SDK's (slower)")
     return known[1]
 
 

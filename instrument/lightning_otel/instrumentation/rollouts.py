@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import SpanProcessor
 
 from lightning_otel.core import gen_ai, schema
-from lightning_otel.core.vllm_endpoint import ENDPOINTS
+from lightning_otel.instrumentation import sdk_fallbacks
 from lightning_otel.instrumentation.options import STATE
 
 _TRACER_NAME = "lightning_otel"
@@ -39,13 +39,17 @@ class Rollout:
     rollout_id: str
     task_id: str
     attempt: int = 0
+    split: str = schema.SPLIT_TRAIN
 
     def attributes(self) -> dict[str, Any]:
         return dict(self._attributes)
 
     @functools.cached_property
     def _attributes(self) -> dict[str, Any]:  # stamped on every span of the rollout: built once
-        return {schema.ROLLOUT_ID: self.rollout_id, schema.TASK_ID: self.task_id, schema.ATTEMPT: self.attempt}
+        identity = {schema.ROLLOUT_ID: self.rollout_id, schema.TASK_ID: self.task_id, schema.ATTEMPT: self.attempt}
+        if self.split != schema.SPLIT_TRAIN:  # absent means train: no bytes on every training span
+            identity[schema.ROLLOUT_SPLIT] = self.split
+        return identity
 
     def reward(self, value: float, name: str = schema.DEFAULT_REWARD_NAME) -> None:
         reward(value, name=name, rollout_id=self.rollout_id, task_id=self.task_id)
@@ -76,17 +80,21 @@ def rollout(
     attempt: int = 0,
     name: str = schema.SPAN_ROLLOUT,
     attributes: dict[str, Any] | None = None,
+    split: str = schema.SPLIT_TRAIN,
 ) -> Iterator[Rollout]:
     """Open a rollout's root span. `task_id` is the GRPO group key: rollouts of the same task
-    are compared with each other. Exceptions are recorded on the span and re-raised."""
+    are compared with each other. `split="eval"` marks an evaluation rollout: recorded and
+    rewarded like any other, never trained on. Exceptions are recorded on the span and re-raised."""
     if not task_id:
         raise ValueError("rollout() needs a non-empty task_id (the GRPO group key)")
+    if split not in schema.SPLITS:
+        raise ValueError(f"rollout(split=...) must be one of {', '.join(map(repr, schema.SPLITS))}, not {split!r}")
     chosen = STATE.options
-    ENDPOINTS.refresh()  # the served version as the rollout starts, not as of the last poll
     current = Rollout(
         rollout_id=chosen.check_id("rollout_id", rollout_id or uuid.uuid4().hex),
         task_id=chosen.check_id("task_id", str(task_id)),
         attempt=int(attempt),
+        split=split,
     )
     span_attributes = {
         schema.OPENINFERENCE_SPAN_KIND: schema.KIND_AGENT,
@@ -109,6 +117,8 @@ def rollout(
             context_api.detach(token)
             if STATE.dropped_spans is not None:  # so the store can show what the agent lost
                 span.set_attribute(schema.SDK_DROPPED_SPANS, STATE.dropped_spans())
+            if sdk_fallbacks.count():  # private SDK internals gone: capture runs on slower public paths
+                span.set_attribute(schema.SDK_FALLBACKS, sdk_fallbacks.count())
 
 
 def reward(

@@ -68,6 +68,9 @@ class SelectionSection:
     max_rollouts: int = 256
     min_rollouts: int = 1  # fewer available: nothing to do this run
     max_staleness: int | None = None
+    # |reward| above this: the rollout is excluded like a non-finite reward (cause reward_out_of_range);
+    # inf: off. 1e6 keeps every gradient far from float32's overflow (rollout_data.py says why)
+    max_abs_reward: float = 1e6
     # calls without token ids (GenAI-convention spans, OpenInference's own) rebuilt from their messages
     # with the model's chat template, as on-policy (docs/training.md); off: skipped and counted
     allow_reconstructed: bool = False

@@ -2,8 +2,8 @@
 
 Notation: a batch holds R rollouts split into S samples; rollout r has reward x_r and task g(r);
 sample s has T_s generated (loss-masked) tokens, rollout r has T_r = sum of its samples' T_s, and
-T = sum over the batch. A generated token whose behaviour logprob is unusable (NaN, infinite, or
-below a floor; input_hygiene.py) is masked before any of this: it counts in no T and has no loss.
+T = sum over the batch. A generated token whose behaviour logprob is unusable (NaN, infinite,
+below a floor, or positive; input_hygiene.py) is masked before any of this: it counts in no T and has no loss.
 Advantages are normalized within a task group G:
 
     A = (x - mean_G) / (std_G + eps)   z-score            A = x - mean_G   mean-only (Dr. GRPO)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -18,6 +18,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from lightning_otel.trainer.checkpoints import CheckpointStore
+from lightning_otel.trainer.fault_isolation import update_isolating_faults
 from lightning_otel.trainer.hotswap import SwapReport, VLLMAdmin, hot_swap
 from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, select_rollouts
 from lightning_otel.trainer.sharding import (
@@ -29,14 +30,15 @@ from lightning_otel.trainer.sharding import (
     save_sharded_optimizer,
     shard_model,
 )
-from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, learning_rate_at, policy_update
+from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, learning_rate_at
 
 
 @dataclass
 class StepResult:
-    selection: Selection
+    selection: Selection  # the rollouts the step trained on (those at fault left out)
     batch: Batch
     metrics: dict[str, float]
+    at_fault: dict[str, str] = field(default_factory=dict)  # rollout id -> why its gradient was not finite
 
     @property
     def mean_reward(self) -> float:
@@ -100,14 +102,21 @@ class PolicyTrainer:
         return shard_model(model, device, self.config.mixed_precision) if self.sharded else model.to(device)
 
     def train_on(self, selection: Selection, max_staleness: int | None = None, progress: bool = False) -> StepResult:
-        """Steps 3-5 on rollouts already selected (e.g. built in memory)."""
-        batch = build_batch(selection, max_staleness=max_staleness, current_version=self.version, config=self.config)
+        """Steps 3-5 on rollouts already selected (e.g. built in memory). Rollouts whose gradient is not
+        finite are left out (fault_isolation.py) and named in `StepResult.at_fault`; NonFiniteUpdate
+        when that leaves nothing, UntrainableBatch when no token can train."""
         # Set every step: a checkpoint's optimizer state carries the learning rate it was saved with.
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate_at(self.version, self.config)
-        metrics = policy_update(self.model, self.optimizer, batch, self.config, self.reference, progress=progress)
+
+        def build(chosen: Selection) -> Batch:
+            return build_batch(chosen, max_staleness=max_staleness, current_version=self.version, config=self.config)
+
+        trained, batch, metrics, at_fault = update_isolating_faults(
+            self.model, self.optimizer, selection, build, self.config, self.reference, progress
+        )
         self.version += 1
-        return StepResult(selection, batch, metrics)
+        return StepResult(trained, batch, metrics, at_fault)
 
     def write_checkpoint(self, folder: Path, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> None:
         """One checkpoint's files: `model/` (LoRA merged in) or, with `adapter_only`, `adapter/` (for

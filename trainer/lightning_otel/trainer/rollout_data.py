@@ -13,9 +13,17 @@ Rebuilding a rollout:
 - Framework wrapper spans (llm_spans.is_wrapper) are not calls; calls without token ids are
   skipped and counted, or rebuilt from their messages when asked (reconstruct.py).
 
-A rollout is excluded, with its reason, when its reward is missing or not finite, or when none of
-its calls can be trained on. The reward is configurable: the latest `reward` (default), `sum` or
-`mean` of every named reward's latest value, the `last` reported, or `name:<reward name>`.
+A rollout is excluded, with its reason, when its reward is missing, not finite or out of range
+(|reward| > max_abs_reward), or when none of its calls can be trained on. The reward is
+configurable: the latest `reward` (default), `sum` or `mean` of every named reward's latest value,
+the `last` reported, or `name:<reward name>`.
+
+Why a reward range, default 1e6: under mean-only advantages (scale_by_std = false) a reward is its
+advantage's scale, and a finite reward of 1e35 gave a finite loss but an infinite float32 gradient
+norm (the norm squares ~1e34-sized gradients), so the step was refused. z-scores are bounded, but a
+reward past 1e6 is a unit mistake or a forged value in any task we know (pass/fail, scores, test
+counts, costs). Within the range a token's loss gradient is at most max(1 + eps_high, dual_clip) *
+2e6 times its weight (<= 1), far from float32's limits. inf turns the check off.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from lightning_otel.core import schema
+from lightning_otel.trainer.config import SelectionSection
 from lightning_otel.trainer.merge import LLMCall, first_divergence
 
 log = logging.getLogger(__name__)
@@ -38,8 +47,14 @@ log = logging.getLogger(__name__)
 # Why select_rollouts excludes a rollout (Selection.excluded's values start with one of these).
 NO_REWARD = "no reward"
 NON_FINITE_REWARD = "non-finite reward"
+REWARD_OUT_OF_RANGE = "reward out of range"
 NO_TRAINABLE_CALL = "no LLM call with token ids and logprobs"
-_CAUSES = {NO_REWARD: "no_reward", NON_FINITE_REWARD: "non_finite_reward", NO_TRAINABLE_CALL: "no_trainable_call"}
+_CAUSES = {
+    NO_REWARD: "no_reward",
+    NON_FINITE_REWARD: "non_finite_reward",
+    REWARD_OUT_OF_RANGE: "reward_out_of_range",
+    NO_TRAINABLE_CALL: "no_trainable_call",
+}
 
 
 def exclusion_cause(reason: str) -> str:
@@ -57,6 +72,7 @@ class SelectionConfig:
     max_version: int | None = None
     reward: str = schema.DEFAULT_REWARD_NAME  # "reward" | "sum" | "mean" | "last" | "name:<reward name>"
     allow_reconstructed: bool = False  # train on calls whose ids were rebuilt from messages
+    max_abs_reward: float = SelectionSection.max_abs_reward  # 1e6; larger |reward|: excluded (inf: off)
     limit: int | None = None  # at most this many rollouts, oldest first
     exclude: str | None = None  # a table or view in the connection with a rollout_id column to leave out
     only_rewarded: bool = False  # leave unrewarded rollouts out of the selection (they may get one later)
@@ -106,7 +122,8 @@ def selection_sql(config: SelectionConfig) -> str:
     """The rollouts' spans, unordered, from `spans_raw`: the dedup window of `spans`, or an ORDER BY,
     would carry every token list through a sort (twice the time and memory). Duplicate copies of a
     span are dropped in select_rollouts instead, and calls are ordered per chain."""
-    conditions = [f"({config.where})"]
+    # Evaluation rollouts are never trained on, whatever `where` says: they measure the policy.
+    conditions = [f"({config.where})", f"r.split <> '{schema.SPLIT_EVAL}'"]
     if config.since:
         conditions.append(f"r.start_time >= TIMESTAMPTZ '{config.since}'")
     if config.until:
@@ -201,6 +218,9 @@ def rollouts_from_table(conn: duckdb.DuckDBPyConnection, table: pa.Table, config
             continue
         if not math.isfinite(reward):
             excluded[rollout_id] = f"{NON_FINITE_REWARD} {reward}"
+            continue
+        if abs(reward) > config.max_abs_reward:
+            excluded[rollout_id] = f"{REWARD_OUT_OF_RANGE} {reward:g} (max_abs_reward {config.max_abs_reward:g})"
             continue
         record = RolloutRecord(rollout_id=rollout_id, task_id=scalars["task_id"][first], reward=float(reward))
         spans = [_SpanRow(i, scalars) for i in rows]

@@ -2,15 +2,17 @@
 objective.py holds the math (advantages, the clipped surrogate, the token weights).
 
  1. Select (rollout_data.py): SQL over the collector's `rollouts` view picks rewarded rollouts, quiet
-    for `min_age_s`, not trained on or excluded before; each is rebuilt from its span tree into
-    chains of LLM calls that did not overlap in time.
- 2. Build (update.build_batch): generated tokens whose behaviour logprob is NaN, infinite or below
-    the floor are masked (input_hygiene.py); each chain's calls merge into samples by the exact
+    for `min_age_s`, not trained on or excluded before (a non-finite reward, or |reward| past
+    `max_abs_reward`, excludes it); each is rebuilt from its span tree into chains of LLM calls that
+    did not overlap in time.
+ 2. Build (update.build_batch): generated tokens whose behaviour logprob is NaN, infinite, below
+    the floor or positive are masked (input_hygiene.py); each chain's calls merge into samples by the exact
     token-prefix rule (merge.py); GRPO advantage per rollout within its task; per-token weights
     1 / (R * T_r), fixed for the whole batch before it is cut into micro-batches or shared out.
  3. Update (update.policy_update): the PPO-clip surrogate against vLLM's behaviour logprobs,
     log-ratio clamped and dual-clipped; gradients accumulated over micro-batches (and summed across
-    torchrun ranks); one AdamW step, or none when the loss or gradient norm is not finite.
+    torchrun ranks); one AdamW step. When the loss or gradient norm is not finite, the rollouts at
+    fault are found (fault_isolation.py) and the step is made without them.
  4. Checkpoint (checkpoints.py): model or adapter, optimizer, step and the rollout ids it trained on,
     renamed into place together: the commit of exactly-once.
  5. Swap: every replica (through the gateway when there is one) loads it, validated and finite,
@@ -23,9 +25,11 @@ the latest commit, retention, and a report (train_step, merge and input diagnost
 `on_stage(name)`, if given, is called as each stage ends.
 
 Poison is never committed: rollouts no run can train on go to the excluded ledger as soon as they
-are found; a step whose loss or gradient is not finite is skipped (status "skipped: non-finite
-gradient") and its rollouts excluded; a step that left a non-finite weight fails the run before
-anything is committed; every swap path refuses a checkpoint holding a NaN or an infinity.
+are found; when a step's loss or gradient is not finite, the rollouts at fault are found by
+bisecting the batch (fault_isolation.py), excluded, and the step is made on the others; if none is
+left the step is skipped (status "skipped: non-finite gradient"), nothing committed or swapped; a
+step that left a non-finite weight fails the run before anything is committed; every swap path
+refuses a checkpoint holding a NaN or an infinity.
 
 Under torchrun (WORLD_SIZE > 1) every rank loads the model and takes part in the update; rank 0
 alone holds the lock, selects (and broadcasts the selection), checkpoints, swaps and reports. With
@@ -41,10 +45,8 @@ import functools
 import json
 import logging
 import os
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,67 +61,11 @@ from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_reco
 from lightning_otel.trainer.hotswap import model_prompt_logprobs, probe, served_versions, swap_to
 from lightning_otel.trainer.policy import PolicyTrainer, StepResult
 from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
-from lightning_otel.trainer.update import UntrainableBatch
+from lightning_otel.trainer.run_summary import RunSummary, Stages
+from lightning_otel.trainer.update import NonFiniteUpdate, UntrainableBatch
 
 log = logging.getLogger(__name__)
 PROBE_TEXT = "What is 2 + 3? Answer with the number."
-
-
-@dataclass
-class RunSummary:
-    status: str  # "trained", "nothing to do", "skipped: non-finite gradient", "skipped: no trainable token"
-    step: int | None = None
-    version: str | None = None
-    rollouts: int = 0
-    samples: int = 0
-    mean_reward: float | None = None
-    loss: float | None = None
-    swap_seconds: float | None = None
-    samples_histogram: list[int] = field(default_factory=list)  # element k: rollouts that became k + 1 samples
-    excluded: dict[str, str] = field(default_factory=dict)
-    at_fault: list[str] = field(default_factory=list)  # a skipped step's rollouts, now excluded for good
-    stage_seconds: dict[str, float] = field(default_factory=dict)
-
-    def table(self) -> str:
-        """The human-readable summary printed at the end of a run."""
-        rows = [
-            ("status", self.status),
-            ("step / version", f"{self.step} / {self.version}"),
-            ("rollouts used", self.rollouts),
-            ("samples", self.samples),
-            ("mean reward", _fmt(self.mean_reward)),
-            ("loss", _fmt(self.loss)),
-            ("swap seconds", _fmt(self.swap_seconds)),
-            ("rollouts excluded", len(self.excluded)),
-        ]
-        if self.at_fault:
-            rows.append(
-                ("rollouts at fault", ", ".join(self.at_fault[:5]) + (" ..." if len(self.at_fault) > 5 else ""))
-            )
-        rows += [(f"  {stage} s", f"{seconds:.2f}") for stage, seconds in self.stage_seconds.items()]
-        return "\n".join(f"{name:<20} {value}" for name, value in rows)
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-class _Stages:
-    """Times each stage into the summary; with progress on, says what runs now on stderr; calls
-    `on_stage(name)` as a stage ends."""
-
-    def __init__(self, summary: RunSummary, progress: bool, on_stage: Callable[[str], None] | None) -> None:
-        self.summary, self.progress, self.on_stage = summary, progress, on_stage
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        if self.progress:
-            print(f"lightning-otel train: {name} ...", file=sys.stderr, flush=True)
-        began = time.perf_counter()
-        yield
-        self.summary.stage_seconds[name] = round(time.perf_counter() - began, 3)
-        if self.on_stage is not None:
-            self.on_stage(name)
 
 
 def _weights(checkpoint: Path | None, config: TrainConfig) -> Path:
@@ -272,7 +218,7 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
     progress = progress and lead
     state_dir = Path(config.checkpoints.dir)
     summary = RunSummary("nothing to do")
-    stages = _Stages(summary, progress, on_stage)
+    stages = Stages(summary, progress, on_stage)
     with run_lock(state_dir) if lead else contextlib.nullcontext():
         store = CheckpointStore(state_dir)
         with stages("load model"):
@@ -304,6 +250,7 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
                     exclude="lightning_trained",
                     only_rewarded=True,
                     allow_reconstructed=config.selection.allow_reconstructed,
+                    max_abs_reward=config.selection.max_abs_reward,
                     tokenizer=_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
                 )
                 # the collector compacts and deletes files as we read: a file listed then gone is read again
@@ -327,13 +274,13 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             with stages("update"):
                 result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
         except UntrainableBatch as failed:  # nothing stepped: exclude the rollouts at fault, commit nothing
-            summary.status, summary.at_fault = f"skipped: {failed.headline}", failed.rollout_ids
-            summary.excluded.update({rid: failed.reason for rid in failed.rollout_ids})
+            summary.status = f"skipped: {failed.headline}"
+            inputs = _exclude_at_fault(store if lead else None, summary, failed.cause, failed.reasons, inputs)
             if lead:
-                exclusions = {rid: (failed.cause, failed.reason) for rid in failed.rollout_ids}
-                store.exclude(exclusions)
-                _report(config, inputs + input_records([], exclusions))
+                _report(config, inputs)
             return summary
+        # The step trained on the others: those at fault are excluded for good, before the commit.
+        inputs = _exclude_at_fault(store if lead else None, summary, NonFiniteUpdate.cause, result.at_fault, inputs)
         if not lead and not trainer.sharded:
             dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
             summary.status = "trained (worker)"
@@ -350,10 +297,24 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         if not lead:
             summary.status = "trained (worker)"
             return summary
-        summary.rollouts, summary.samples = len(selection.rollouts), len(result.batch.samples)
+        summary.rollouts, summary.samples = len(result.selection.rollouts), len(result.batch.samples)
         summary.samples_histogram = result.batch.samples_per_rollout_histogram()
         summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
         return summary
+
+
+def _exclude_at_fault(
+    store: CheckpointStore | None, summary: RunSummary, cause: str, reasons: dict[str, str], inputs: list
+) -> list[InputRecord]:
+    """Rollouts at fault (id -> reason) into the summary and, on rank 0 (`store`), the excluded
+    ledger; returns `inputs` with their input diagnostics added."""
+    summary.at_fault = list(reasons)
+    summary.excluded.update(reasons)
+    if store is None or not reasons:
+        return inputs
+    exclusions = {rid: (cause, reason) for rid, reason in reasons.items()}
+    store.exclude(exclusions)
+    return inputs + input_records([], exclusions)
 
 
 def _commit_and_swap(
@@ -363,7 +324,7 @@ def _commit_and_swap(
     result: StepResult,
     latest: Path | None,
     summary: RunSummary,
-    stages: _Stages,
+    stages: Stages,
     inputs: list[InputRecord],
     lead: bool = True,
 ) -> None:

@@ -8,7 +8,10 @@ all-reduce, or sharded (sharding.py, FSDP2) by a reduce-scatter whose divide fac
 
 Nothing poisoned is stepped on: behaviour logprobs the loss cannot use are masked before the batch is
 built (input_hygiene.py, reported in `Batch.masked_calls`); if the loss or the gradient norm is
-still not finite, no optimizer step is taken and NonFiniteUpdate names the rollouts at fault.
+still not finite, no optimizer step is taken and NonFiniteUpdate names the rollouts whose token
+losses were not finite (fault_isolation.py then finds the rollouts at fault by bisection, and the
+step is made on the others). `gradient_check` measures a batch's loss and gradient norm without a
+step, for that search.
 
 How samples become rows (sorted, packed, shared prefixes) is layout.py's; BENCHMARKS.md has the
 measurements on CPU.
@@ -42,24 +45,36 @@ from lightning_otel.trainer.sharding import is_sharded
 
 
 class UntrainableBatch(ValueError):
-    """No update was made from these rollouts: `reason` says why, `rollout_ids` which are at fault."""
+    """No update was made from these rollouts: `reason` says why, `rollout_ids` which are at fault,
+    `reasons` each one's own reason (the same `reason` unless given)."""
 
     cause = "no_trainable_token"
     headline = "no trainable token"
 
-    def __init__(self, reason: str, rollout_ids: list[str], metrics: dict[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        reason: str,
+        rollout_ids: list[str],
+        metrics: dict[str, float] | None = None,
+        reasons: dict[str, str] | None = None,
+    ) -> None:
         shown = ", ".join(rollout_ids[:5]) + (f" and {len(rollout_ids) - 5} more" if len(rollout_ids) > 5 else "")
         super().__init__(f"{reason}; rollouts: {shown}")
         self.reason, self.rollout_ids, self.metrics = reason, list(rollout_ids), metrics or {}
+        self.reasons = {rid: (reasons or {}).get(rid, reason) for rid in self.rollout_ids}
 
 
 class NonFiniteUpdate(UntrainableBatch):
     """The loss or the gradient norm was not finite: no optimizer step was taken, gradients cleared.
-    The rollouts are those with a non-finite token loss, or the whole batch when the backward pass
-    alone overflowed (a gradient cannot be traced to one rollout)."""
+    The rollouts are those with a non-finite token loss (`traced`), or the whole batch when only the
+    backward pass overflowed (`traced` False: fault_isolation.py bisects the batch to find them)."""
 
     cause = "non_finite_gradient"
     headline = "non-finite gradient"
+
+    def __init__(self, *args, traced: bool = False, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.traced = traced
 
 
 @dataclass(frozen=True)
@@ -199,12 +214,81 @@ def policy_update(
     processes, clip the gradient norm, take one optimizer step. Returns batch-wide metrics.
     NonFiniteUpdate, with no step taken, when the loss or the gradient norm is not finite.
     `progress`: a progress bar over micro-batches on stderr."""
+    optimizer.zero_grad(set_to_none=True)
+    rows, totals, at_fault = _accumulate(model, batch, config, reference_model, progress)
+    # Clipped after the cross-process sum: the norm is the whole batch's, on every rank the same.
+    grad_norm = _grad_norm(model, config.max_grad_norm)
+    loss, clipped, entropy, kl, generated, processed, real = totals.tolist()
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)  # and no step: the weights stay as they were
+        traced = at_fault.nonzero().flatten().tolist()
+        ids = [batch.rollouts[i].rollout_id for i in traced] or batch.rollout_ids
+        raise NonFiniteUpdate(
+            f"non-finite gradient (loss {loss:.3g}, gradient norm {grad_norm:.3g})",
+            ids,
+            {"loss": loss, "grad_norm": grad_norm},
+            traced=bool(traced),
+        )
+    optimizer.step()
+    return {
+        "loss": loss,
+        "clip_fraction": clipped,  # weighted share of clipped tokens
+        "entropy": entropy / max(generated, 1.0),
+        "kl": kl / max(generated, 1.0),
+        "grad_norm": grad_norm,
+        "generated_tokens": generated,
+        "padding_fraction": 1.0 - real / max(processed, 1.0),
+        "processed_tokens": real,  # tokens in rows, padding excluded (shared prefixes counted once)
+        "rows": float(len(rows)),
+        "samples": float(len(batch.samples)),
+        "rollouts": float(len(batch.rollouts)),
+        "zero_variance_groups": float(len(batch.zero_variance_groups)),
+        "masked_calls": float(len(batch.masked_calls)),
+        "masked_tokens": float(sum(m.tokens for m in batch.masked_calls)),
+    }
+
+
+def gradient_check(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    config: UpdateConfig,
+    reference_model: torch.nn.Module | None = None,
+) -> tuple[float, float, bool]:
+    """(loss, gradient norm, finite) of `batch` summed over every process, without a step or a clip;
+    gradients cleared after. Every rank calls it with the same batch and gets the same answer (the
+    verdict is agreed by an all-reduce), so a search built on it keeps the ranks in lockstep."""
+    optimizer.zero_grad(set_to_none=True)
+    _, totals, _ = _accumulate(model, batch, config, reference_model)
+    grad_norm = _grad_norm(model, math.inf)  # inf: measured, never rescaled
+    optimizer.zero_grad(set_to_none=True)
+    loss = totals[0].item()
+    bad = torch.tensor([0.0 if math.isfinite(loss) and math.isfinite(grad_norm) else 1.0], dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return loss, grad_norm, not bad.item()
+
+
+def _grad_norm(model: torch.nn.Module, max_norm: float) -> float:
+    """The total gradient norm (sharded: of the full gradients), clipping to `max_norm`."""
+    norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], max_norm)
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+
+
+def _accumulate(
+    model: torch.nn.Module,
+    batch: Batch,
+    config: UpdateConfig,
+    reference_model: torch.nn.Module | None = None,
+    progress: bool = False,
+) -> tuple[list[Row], torch.Tensor, torch.Tensor]:
+    """Forward and backward over this process's micro-batches, gradients then summed across
+    processes: (rows, totals over every process, rollouts with a non-finite token loss)."""
     device = next(model.parameters()).device
     groups = [batch.rollouts[r].task_id for r in batch.rollout_of_sample]
     rows = plan_rows(batch.samples, groups, config.layout, config.pack_length)
     chunks = _micro_batches(rows, config.micro_batch_size, is_sharded(model))
     model.train()
-    optimizer.zero_grad(set_to_none=True)
     totals = torch.zeros(
         7, dtype=torch.float64
     )  # loss, clipped weight, entropy sum, kl sum, generated, processed, real
@@ -267,31 +351,4 @@ def policy_update(
                 dist.all_reduce(parameter.grad, op=dist.ReduceOp.SUM)
         dist.all_reduce(totals, op=dist.ReduceOp.SUM)
         dist.all_reduce(at_fault, op=dist.ReduceOp.SUM)
-    grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
-    grad_norm = (grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm).item()
-    loss, clipped, entropy, kl, generated, processed, real = totals.tolist()
-    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)  # and no step: the weights stay as they were
-        ids = [batch.rollouts[i].rollout_id for i in at_fault.nonzero().flatten().tolist()] or batch.rollout_ids
-        raise NonFiniteUpdate(
-            f"non-finite gradient (loss {loss:.3g}, gradient norm {grad_norm:.3g})",
-            ids,
-            {"loss": loss, "grad_norm": grad_norm},
-        )
-    optimizer.step()
-    return {
-        "loss": loss,
-        "clip_fraction": clipped,  # weighted share of clipped tokens
-        "entropy": entropy / max(generated, 1.0),
-        "kl": kl / max(generated, 1.0),
-        "grad_norm": grad_norm,
-        "generated_tokens": generated,
-        "padding_fraction": 1.0 - real / max(processed, 1.0),
-        "processed_tokens": real,  # tokens in rows, padding excluded (shared prefixes counted once)
-        "rows": float(len(rows)),
-        "samples": float(len(batch.samples)),
-        "rollouts": float(len(batch.rollouts)),
-        "zero_variance_groups": float(len(batch.zero_variance_groups)),
-        "masked_calls": float(len(batch.masked_calls)),
-        "masked_tokens": float(sum(m.tokens for m in batch.masked_calls)),
-    }
+    return rows, totals, at_fault

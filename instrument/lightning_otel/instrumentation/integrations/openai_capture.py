@@ -11,6 +11,7 @@ Imported only once the SDK is (openai_sdk.enable()).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import weakref
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from lightning_otel.core.vllm_endpoint import (
     token_attributes,
     token_request_fields,
 )
+from lightning_otel.instrumentation import sdk_fallbacks
 
 log = logging.getLogger(__name__)
 _parsed_types: tuple[type, ...] = (openai.BaseModel,)  # a whole, parsed response
@@ -69,6 +71,15 @@ def token_fields(client: Any, options: Any, kind: str, body: dict, capture: str)
     extra = dict(options.extra_json or {})
     extra.update(token_request_fields(kind, extra if "logprobs" in extra else body))  # what the request will say
     return extra, base_url
+
+
+async def probe_off_loop(client: Any, capture: str) -> None:
+    """Ask a server not seen yet whether it is vLLM in a worker thread, so that the first call to it
+    from an async agent does not hold the event loop (every later call finds the answer cached)."""
+    if capture == "auto":
+        base_url = _url_text(_base_url(client))
+        if ENDPOINTS.cached(base_url) is None:
+            await asyncio.to_thread(ENDPOINTS.info, base_url, client_headers(client))
 
 
 def _base_url(client: Any) -> Any:
@@ -149,7 +160,11 @@ def watch(response: Any, on_chunk: Callable[[Any], None], on_done: Callable[[Any
             return response
     iterator = getattr(parsed, "_iterator", None)
     if iterator is None:
-        safely(on_done, parsed, True)
+        if isinstance(parsed, (openai.Stream, openai.AsyncStream)):  # an SDK whose streams lack _iterator
+            sdk_fallbacks.missing("openai Stream._iterator", "streamed calls are recorded without token ids")
+            safely(on_done, None, False)
+        else:
+            safely(on_done, parsed, True)
         return response
     if hasattr(iterator, "__anext__"):
 
@@ -206,6 +221,7 @@ def capture_sync_wrapper(original, capture: str):
 
 def capture_async_wrapper(original, capture: str):
     async def request(self, *args, **kwargs):
+        await probe_off_loop(self, capture)
         args, kind, base_url = _prepare(self, args, capture)
         response = await original(self, *args, **kwargs)
         return _record(response, kind, base_url, trace.get_current_span()) if kind else response

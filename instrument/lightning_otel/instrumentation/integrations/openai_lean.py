@@ -22,6 +22,7 @@ import json
 import logging
 import os
 from contextvars import ContextVar
+from time import monotonic, time_ns
 from typing import Any
 
 from opentelemetry import context as context_api
@@ -29,21 +30,23 @@ from opentelemetry import trace
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Status, StatusCode
 
-from lightning_otel.core import gen_ai
+from lightning_otel.core import gen_ai, schema
 from lightning_otel.core.vllm_endpoint import (
     CHAT,
     COMPLETIONS,
+    ENDPOINTS,
     StreamAccumulator,
     endpoint_kind,
     packed_attributes,
     token_attributes,
 )
+from lightning_otel.instrumentation import sdk_fallbacks
 from lightning_otel.instrumentation.direct_span import start_span
 from lightning_otel.instrumentation.integrations.openai_capture import (
     NO_FIELDS,
+    probe_off_loop,
     safely,
     server_attributes,
-    stamp,
     token_fields,
     watch,
 )
@@ -106,6 +109,7 @@ class _LeanCall:
         if self.ended:
             return
         self.ended = True
+        attributes: dict[str, Any] = {}
         try:
             if parsed is not None:
                 attributes = response_attributes(
@@ -125,9 +129,27 @@ class _LeanCall:
                     streamed = self.streamed.response()
                     attributes.update(gen_ai.response_attributes(self.kind, streamed, self.gen_ai, self.hide_outputs))
                     attributes.update(gen_ai.counted_usage(attributes))  # from the token ids, when no usage came
-            stamp(self.span, attributes, self.base_url)
         finally:
-            self.span.end()  # with what could be recorded, whatever went wrong
+            self.finish(attributes)  # with what could be recorded, whatever went wrong
+
+    def finish(self, attributes: dict[str, Any]) -> None:
+        """End the span with `attributes`; with token capture, once the server's reader thread has
+        the version that served the call (ENDPOINTS.label: the caller does not wait for it)."""
+        span = self.span
+        if self.base_url is None:
+            if attributes:
+                span.set_attributes(attributes)
+            span.end()
+            return
+        end_time = time_ns()
+
+        def labelled(version: str | None) -> None:
+            if version is not None:
+                attributes[schema.POLICY_VERSION] = version
+            span.set_attributes(attributes)
+            span.end(end_time)
+
+        ENDPOINTS.label(self.base_url, monotonic(), labelled)
 
     def __enter__(self) -> _LeanCall:
         """While the request runs: its span is the current one (and, once add_token_fields() asked
@@ -247,6 +269,9 @@ def _lean_call(client: Any, args: tuple, tracer: trace.Tracer, options: Options)
     instrumentation is suppressed)."""
     if len(args) < 2 or not is_instrumentation_enabled():
         return None
+    if not hasattr(args[1], "json_data"):  # openai's FinalRequestOptions, laid out differently
+        sdk_fallbacks.missing("openai FinalRequestOptions.url/json_data", "calls get OpenInference's span")
+        return None
     kind = endpoint_kind(str(getattr(args[1], "url", "")))
     body = getattr(args[1], "json_data", None)
     if kind is None or not isinstance(body, dict):
@@ -277,6 +302,7 @@ def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
         call = _lean_call(self, args, tracer, options)
         if call is None:
             return await other(self, *args, **kwargs)
+        await probe_off_loop(self, options.capture_tokens)  # a server's first call: not on the loop
         with call:
             call.add_token_fields(self, args[1], options.capture_tokens, kwargs.get("stream", False))
             response = await original(self, *args, **kwargs)

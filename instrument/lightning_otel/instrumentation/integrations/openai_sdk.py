@@ -2,8 +2,9 @@
 vLLM token capture underneath it (`openai_spans="openinference"`, openai_capture.py). Either way
 OpenInference keeps the endpoints the lean span does not cover (embeddings, responses, ...).
 
-Private SDK internals used, each with a fallback: `BaseClient._process_response_data` (where the
-response JSON becomes SDK objects) and the HTTP response class's `json()`.
+Private SDK internals used, each checked, with a public fallback (logged once and counted,
+sdk_fallbacks.py; docs/agent-side.md): `BaseClient._process_response_data` (where the response JSON
+becomes SDK objects) and the HTTP response class's `json()`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from opentelemetry import trace
 
+from lightning_otel.instrumentation import sdk_fallbacks
 from lightning_otel.instrumentation.integrations._installed import installed
 from lightning_otel.instrumentation.options import Options
 
@@ -26,8 +28,12 @@ def available() -> bool:
 
 def enable(tracer_provider: Any, options: Options) -> None:
     import openai
-    from openai._base_client import BaseClient  # where response JSON becomes SDK objects
     from openinference.instrumentation.openai import OpenAIInstrumentor
+
+    try:
+        from openai._base_client import BaseClient  # where response JSON becomes SDK objects
+    except ImportError:
+        BaseClient = None
 
     instrumentor = OpenAIInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:
@@ -50,13 +56,19 @@ def enable(tracer_provider: Any, options: Options) -> None:
         tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         openai.OpenAI.request = lean_sync_wrapper(_state["sync"], openai.OpenAI.request, tracer, options)
         openai.AsyncOpenAI.request = lean_async_wrapper(_state["async"], openai.AsyncOpenAI.request, tracer, options)
-        if hasattr(BaseClient, "_process_response_data"):  # else token fields are read from the SDK's objects
-            _state["parse"] = BaseClient._process_response_data
-            BaseClient._process_response_data = taking_wrapper(_state["parse"])
-            response_class = sdk_response_class()
-            if scanner_built() and response_class is not None:  # the raw body, before the SDK parses it
-                _state["json"] = (response_class, response_class.json)
-                response_class.json = json_wrapper(response_class.json)
+        if not hasattr(BaseClient, "_process_response_data"):
+            sdk_fallbacks.missing(
+                "openai BaseClient._process_response_data", "token ids are read from the SDK's objects"
+            )
+            return
+        _state["parse"] = BaseClient._process_response_data
+        BaseClient._process_response_data = taking_wrapper(_state["parse"])
+        response_class = sdk_response_class()
+        if response_class is None:
+            sdk_fallbacks.missing("openai _base_client.httpx.Response.json", "response bodies are parsed by the SDK")
+        elif scanner_built():  # the raw body, before the SDK parses it
+            _state["json"] = (response_class, response_class.json)
+            response_class.json = json_wrapper(response_class.json)
         return
     from lightning_otel.instrumentation.integrations.openai_capture import capture_async_wrapper, capture_sync_wrapper
 
@@ -67,12 +79,13 @@ def enable(tracer_provider: Any, options: Options) -> None:
 
 def disable() -> None:
     import openai
-    from openai._base_client import BaseClient
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
     if _state:
         openai.OpenAI.request, openai.AsyncOpenAI.request = _state.pop("sync"), _state.pop("async")
         if "parse" in _state:
+            from openai._base_client import BaseClient
+
             BaseClient._process_response_data = _state.pop("parse")
         if "json" in _state:
             response_class, original = _state.pop("json")
