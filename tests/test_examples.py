@@ -90,9 +90,9 @@ def test_tool_use_example(tmp_path):
     conn = connect(data_dir)
     # The Agents SDK ran the calculator on the calls vLLM's hermes parser read from the model's text.
     tools = conn.execute("SELECT count(*) FROM tool_calls WHERE tool_name = 'calculator'").fetchone()[0]
-    two_calls = conn.execute("SELECT count(*) FROM rollouts WHERE llm_calls >= 2").fetchone()[0]
+    two_calls = conn.execute("SELECT count(*) FROM rollouts WHERE llm_calls >= 2 AND split = 'train'").fetchone()[0]
     assert tools >= 1 and two_calls >= 1, output[-3000:]
-    # Each rollout with a tool call has a boundary: the re-rendered call, checked token by token.
+    # Each trained rollout with a tool call has a boundary: the re-rendered call, checked token by token.
     boundaries = sum(merge_causes(data_dir).values())
     assert boundaries >= two_calls
     assert "merge boundaries (SQL: merge_diagnostics)" in output
