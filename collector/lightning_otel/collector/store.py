@@ -178,23 +178,19 @@ class Store:
         hours_array = pc.divide(table.column("start_time").cast(pa.int64()).fill_null(0), _HOUR_US)
         services_array = table.column("service_name")
         hour_range = pc.min_max(hours_array)
-        groups: dict[tuple, list[int] | None]
+        # Rows go to their partition directory, not to their service name: names that share a
+        # directory (no service and "unknown") must not overwrite each other's file.
+        by_directory: dict[str, list[int] | None]
         if hour_range["min"] == hour_range["max"] and pc.count_distinct(services_array, mode="all").as_py() == 1:
             # The usual segment: one service, one hour. No per-row Python to find that out.
-            groups = {(services_array[0].as_py(), hour_range["min"].as_py()): None}
+            by_directory = {self.partition_dir(services_array[0].as_py(), hour_range["min"].as_py()): None}
         else:
-            groups = defaultdict(list)
+            directories: dict[tuple, str] = {}  # (service, hour) -> directory, worked out once each
+            by_directory = defaultdict(list)
             for row, key in enumerate(zip(services_array.to_pylist(), hours_array.to_pylist())):
-                groups[key].append(row)
-        # One file per partition directory, not per service name: names that share a directory (no
-        # service and "unknown"; two cut names with one digest) must not overwrite each other's file.
-        by_directory: dict[str, list[int] | None] = {}
-        for (service, hour), rows in groups.items():
-            directory = self.partition_dir(service, hour)
-            if directory in by_directory:
-                by_directory[directory] = sorted((by_directory[directory] or []) + (rows or []))
-            else:
-                by_directory[directory] = rows
+                if key not in directories:
+                    directories[key] = self.partition_dir(*key)
+                by_directory[directories[key]].append(row)
         written = []
         for directory, rows in sorted(by_directory.items()):
             path = f"{directory}/part-{segment}.parquet"
