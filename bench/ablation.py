@@ -55,10 +55,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as transformers_logging
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "digit_sum"))
-    import digit_sum  # the digit-sum example's task
-
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing import digit_sum
+    from lightning_otel.testing.tiny_model import build_tiny_model
     from lightning_otel.trainer.update import UpdateConfig
 
     transformers_logging.disable_progress_bar()

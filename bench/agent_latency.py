@@ -61,14 +61,15 @@ web.run_app(app, host="127.0.0.1", port=port, print=None, backlog=1024)
 """
 
 ROLLOUTS = r"""
-import json, sys, time, urllib.request, lightning_otel
+import json, sys, time, lightning_otel
+from lightning_otel.core.http_json import post_json
 from lightning_otel.core.vllm_endpoint import ENDPOINTS
 endpoint, urls = sys.argv[1], json.loads(sys.argv[2])
 inst = lightning_otel.instrument(endpoint=endpoint, service_name="bench-rollouts")
 for url in urls:
     assert ENDPOINTS.info(url, {}).is_vllm  # known: its version is read from now on
 if urls:  # the first one stops answering /weight_info
-    urllib.request.urlopen(urllib.request.Request(urls[0].removesuffix("/v1") + "/control", b'{"hang": true}'), timeout=5)
+    post_json(urls[0].removesuffix("/v1") + "/control", {"hang": True}, timeout=5)
 def pair():
     t = time.perf_counter()
     with lightning_otel.rollout(task_id="bench"):
@@ -85,7 +86,8 @@ print(json.dumps({"back_to_back": back_to_back, "spaced": spaced}))
 """
 
 ASYNC_AGENT = r"""
-import asyncio, contextlib, json, sys, threading, time, urllib.request, openai
+import asyncio, contextlib, json, sys, threading, time, openai
+from lightning_otel.core.http_json import post_json
 mode, url, endpoint = sys.argv[1], sys.argv[2], sys.argv[3]
 import lightning_otel
 if mode != "bare":
@@ -125,7 +127,7 @@ async def one(i):
 async def main():
     await asyncio.gather(*(one(i) for i in range(8)))  # warm up: connections, lazy imports, the vLLM probe
     if mode == "hung":
-        urllib.request.urlopen(urllib.request.Request(url.removesuffix("/v1") + "/control", b'{"hang": true}'), timeout=5)
+        post_json(url.removesuffix("/v1") + "/control", {"hang": True}, timeout=5)
     stop = asyncio.Event()
     watcher = asyncio.create_task(probe(stop))
     t = time.perf_counter()
@@ -166,7 +168,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--delay-ms", type=float, default=20.0, help="the async part's server answer time")
     args = parser.parse_args()
-    from lightning_otel.core.servers import CollectorProcess, free_port, stop_process
+    from lightning_otel.core.servers import free_port, stop_process
+    from lightning_otel.testing.servers import CollectorProcess
 
     began = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="lightning-agent-latency-"))

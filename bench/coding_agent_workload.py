@@ -132,11 +132,12 @@ def main() -> None:
 
     import lightning_otel
     from lightning_otel.collector import connect
-    from lightning_otel.core.servers import CollectorProcess, VLLMServer
+    from lightning_otel.core.servers import VLLMServer
+    from lightning_otel.testing.servers import CollectorProcess
+    from lightning_otel.testing.tiny_model import WORDS as MODEL_WORDS
+    from lightning_otel.testing.tiny_model import build_tiny_model
     from lightning_otel.trainer import build_batch, select_rollouts
     from lightning_otel.trainer.diagnostics import diagnose
-    from lightning_otel.trainer.tiny_model import WORDS as MODEL_WORDS
-    from lightning_otel.trainer.tiny_model import build_tiny_model
 
     WORDS.extend(MODEL_WORDS)
     workdir = Path(tempfile.mkdtemp(prefix="lightning-workload-"))

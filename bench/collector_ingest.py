@@ -10,7 +10,7 @@
 
 Reports acknowledged spans/s and MB/s, p50/p99 ack latency, seconds from the last ack until every
 span is queryable, spans/s sustained into Parquet (first send -> all queryable), and the peak RSS of
-the collector with its worker processes. Payloads are defined in payloads.py; (c) is one training
+the collector with its worker processes. Payloads are defined in lightning_otel.testing.payloads; (c) is one training
 span of (b)'s shape per request, as an exporter with OpenTelemetry's SimpleSpanProcessor sends them.
 With `--against phoenix`, the same bodies then go to Arize Phoenix (its own venv,
 bench/phoenix_server.py), and the ratios of acknowledged and stored spans/s are printed.
@@ -26,17 +26,13 @@ import os
 import random
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 import urllib.parse
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from payloads import build_request
-
 from lightning_otel.collector.span_rows import decode_request
+from lightning_otel.testing.payloads import build_request
 
 PAYLOADS = {"a": (1000, False), "b": (200, True), "c": (1, True)}  # spans per request, training
 
@@ -174,7 +170,7 @@ def ack_figures(records: list[tuple], total_spans: int, total_bytes: int) -> dic
 
 def measure_ours(args: argparse.Namespace, bodies: list[bytes], total_spans: int, workdir: Path) -> dict:
     from lightning_otel.collector import connect
-    from lightning_otel.core.servers import CollectorProcess
+    from lightning_otel.testing.servers import CollectorProcess
 
     collector = CollectorProcess(
         workdir / "data",

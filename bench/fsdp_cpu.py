@@ -131,7 +131,7 @@ def main() -> None:
         return
     from transformers.utils import logging as transformers_logging
 
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing.tiny_model import build_tiny_model
 
     transformers_logging.disable_progress_bar()
     out = Path(tempfile.mkdtemp(prefix="fsdp-cpu-"))

@@ -101,7 +101,8 @@ def main() -> None:
         "executable (pip install 'litellm[proxy]', best in a separate venv)",
     )
     args = parser.parse_args()
-    from lightning_otel.core.servers import CollectorProcess, GatewayProcess, free_port, stop_process, wait_http_ok
+    from lightning_otel.core.servers import free_port, stop_process, wait_http_ok
+    from lightning_otel.testing.servers import CollectorProcess, GatewayProcess
 
     workdir = Path(tempfile.mkdtemp(prefix="lightning-gateway-bench-"))
     port = free_port()

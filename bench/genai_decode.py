@@ -10,15 +10,12 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import payloads
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from lightning_otel.collector import span_decoder, span_rows
 from lightning_otel.core import schema
+from lightning_otel.testing import payloads
 
 
 def as_gen_ai(body: bytes) -> bytes:

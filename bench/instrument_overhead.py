@@ -126,7 +126,8 @@ def main() -> None:
     modes = tuple(dict.fromkeys(["bare", *args.modes.split(",")]))  # bare is the baseline
     if not set(modes) <= set(MODES):
         parser.error(f"unknown modes: {sorted(set(modes) - set(MODES))}")
-    from lightning_otel.core.servers import CollectorProcess, free_port, stop_process, wait_http_ok
+    from lightning_otel.core.servers import free_port, stop_process, wait_http_ok
+    from lightning_otel.testing.servers import CollectorProcess
 
     port = free_port()
     stub = subprocess.Popen(

@@ -5,7 +5,7 @@ CPU time rather than wall time, so that other work on a shared machine does not 
     python bench/micro.py
 
 - collector decoder: OTLP request bytes -> Arrow record batch (decode + columns + Arrow), per span of
-  payload (a) and (b) (bench/payloads.py), compiled `_spans_codec` vs the pure-Python reference;
+  payload (a) and (b) (lightning_otel.testing.payloads), compiled `_spans_codec` vs the pure-Python reference;
 - Parquet encoding of payload (a)'s spans with the live files' options (snappy) vs the compacted
   files' (zstd level 1), collector/lightning_otel/collector/store.py;
 - vLLM token scanner: `_vllm_tokens.cut` on the look-alike's 5.4 KB chat answer (512 prompt ids, 32
@@ -70,13 +70,13 @@ def measure() -> dict[str, float]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import SpanKind
-    from payloads import observability_request, training_request
     from stub_vllm import response
 
     from lightning_otel.collector.span_decoder import batch_from_body
     from lightning_otel.collector.store import LIVE_WRITE_OPTIONS, WRITE_OPTIONS
     from lightning_otel.instrumentation.direct_span import start_span
     from lightning_otel.instrumentation.otlp_encoding import encode_request
+    from lightning_otel.testing.payloads import observability_request, training_request
 
     out: dict[str, float] = {}
     pure = os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") == "1"  # only what the switch changes, then

@@ -13,20 +13,17 @@ is printed for each, with the list-page fallbacks counted during the run.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import pyarrow as pa
 import pyarrow.parquet as pq
-from payloads import build_request
 
 from lightning_otel.collector import list_pages
 from lightning_otel.collector.span_rows import SPANS_SCHEMA, decode_request, to_batch
 from lightning_otel.collector.store import LIVE_WRITE_OPTIONS, Store, lists_with_values
+from lightning_otel.testing.payloads import build_request
 
 
 def one_span_table(batches: int) -> pa.Table:

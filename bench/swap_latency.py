@@ -24,16 +24,17 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from lightning_otel.core.gateway_client import GatewayAdminClient
-from lightning_otel.core.servers import CollectorProcess, GatewayProcess, VLLMServer
+from lightning_otel.core.http_json import post_json
+from lightning_otel.core.servers import VLLMServer
 from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
-from lightning_otel.trainer.tiny_model import build_tiny_model
+from lightning_otel.testing.servers import CollectorProcess, GatewayProcess
+from lightning_otel.testing.tiny_model import build_tiny_model
 
 ADMIN = "bench-admin"
 
@@ -83,17 +84,11 @@ def loaded_swaps(gateway: GatewayProcess, base: Path, full: list[Path], adapters
     stop = threading.Event()
 
     def client(index: int) -> None:
-        body = json.dumps(
-            {"model": "policy", "messages": [{"role": "user", "content": f"client {index} asks"}], "max_tokens": 8}
-        )
+        body = {"model": "policy", "messages": [{"role": "user", "content": f"client {index} asks"}], "max_tokens": 8}
         while not stop.is_set():
-            request = urllib.request.Request(
-                gateway.url + "/v1/chat/completions", data=body.encode(), headers={"Content-Type": "application/json"}
-            )
             began = time.perf_counter()
             try:
-                with urllib.request.urlopen(request, timeout=600) as reply:
-                    reply.read()
+                post_json(gateway.url + "/v1/chat/completions", body, timeout=600)
                 requests.append((began, time.perf_counter()))
             except Exception as exc:
                 failures.append(repr(exc))

@@ -43,7 +43,8 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 def measure(model: Path, threads: int | None, batches: int, concurrency: int, workdir: Path) -> dict[str, float]:
-    from lightning_otel.core.servers import CollectorProcess, VLLMServer
+    from lightning_otel.core.servers import VLLMServer
+    from lightning_otel.testing.servers import CollectorProcess
 
     collector = CollectorProcess(workdir / "traces", log_path=workdir / "collector.log")
     vllm = VLLMServer(

@@ -161,7 +161,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers.utils import logging as transformers_logging
 
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing.tiny_model import build_tiny_model
 
     transformers_logging.disable_progress_bar()
     model_dir = build_tiny_model(

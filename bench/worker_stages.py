@@ -3,7 +3,7 @@
     python bench/worker_stages.py --payload b --requests 30 --rounds 3
     python bench/worker_stages.py --payload b --keep-freed-memory   # as the pipeline's workers run
 
-Builds the payload's requests (bench/payloads.py, fresh ids per request), appends them to a real
+Builds the payload's requests (lightning_otel.testing.payloads, fresh ids per request), appends them to a real
 write-ahead log (32 MiB segments, as the collector closes them) and converts every segment the way
 pipeline.convert_segment does, in this one process, timing each step with this process's CPU clock
 (user + system, so page faults and the kernel's copies count; other work on the machine counts less
@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pyarrow as pa
 import pyarrow.parquet as pq
 from collector_ingest import PAYLOADS, variants
-from payloads import build_request
 
 from lightning_otel.collector import list_pages, span_decoder, span_rows
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import LIVE_WRITE_OPTIONS, Store
 from lightning_otel.collector.wal import WriteAheadLog, fsync_path, read_segment
+from lightning_otel.testing.payloads import build_request
 
 TOKEN_COLUMNS = [column for column, *_ in span_rows.LISTS]
 

@@ -316,8 +316,9 @@ def run(example: Example, argv: list[str] | None = None) -> int:
 
     from transformers.utils import logging as transformers_logging
 
-    from lightning_otel.core.servers import CollectorProcess, VLLMServer
+    from lightning_otel.core.servers import VLLMServer
     from lightning_otel.dashboards.server import DEFAULT_PORT
+    from lightning_otel.testing.servers import CollectorProcess
     from lightning_otel.trainer.training_run import run_once
 
     transformers_logging.disable_progress_bar()  # keep the table readable

@@ -2,7 +2,7 @@
 
 - `tiny_model_dir`: the offline tiny model, built once per session.
 - `vllm_server`: one real vLLM(-cpu) server for the whole session (~30 s, ~3 GB to start).
-- `demo_run`: one real run of the digit_sum example (`examples/digit_sum/run.py`), small (SFT warm-up, 2 train/swap iterations), whose
+- `demo_run`: one real digit-sum run (`tests/digit_sum_run.py`), small (SFT warm-up, 2 train/swap iterations), whose
   trace store the dashboard, Grafana and report tests read (~1.5 min, its own vLLM).
 - `session_collector` + `instrumented`: a real collector process, and this test process's
   `lightning_otel.instrument()` exporting to it (instrument() is once per process by design).
@@ -18,13 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from lightning_otel.core.servers import CollectorProcess, VLLMServer
+from lightning_otel.core.servers import VLLMServer
+from lightning_otel.testing.servers import CollectorProcess
 
-# bench/payloads.py builds the benchmarks' OTLP requests; some tests decode the same ones.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-# The digit-sum example's task module, for the learning test.
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-sys.path.insert(0, str(EXAMPLES / "digit_sum"))
+pytest_plugins = ["integration_marker"]  # marks every test that starts a server or process
 
 # No internet here: LiteLLM would try to fetch its price list at import, with retries and sleeps.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -32,7 +29,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
@@ -87,7 +84,7 @@ def demo_run(tmp_path_factory) -> DemoRun:
     result = subprocess.run(
         [
             sys.executable,
-            str(EXAMPLES / "digit_sum" / "run.py"),
+            str(Path(__file__).resolve().parent / "digit_sum_run.py"),
             "--workdir",
             str(workdir),
             "--iterations",

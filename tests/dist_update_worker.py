@@ -7,9 +7,12 @@ update. An optional third argument is max_grad_norm (default inf: no clip).
 
 import math
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "trainer"))  # test_update, test_fsdp
 from test_update import one_update
 from torchrun_helpers import die_with_parent
 from transformers import AutoModelForCausalLM

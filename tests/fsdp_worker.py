@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "trainer"))  # test_update, test_fsdp
 from test_fsdp import CASES, case_selection, dtype, selection, update_config
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 from torchrun_helpers import die_with_parent

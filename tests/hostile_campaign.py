@@ -1,4 +1,4 @@
-"""The hostile campaign against a collector process (tests/test_collector_hostile.py): the storm of
+"""The hostile campaign against a collector process (tests/collector/test_collector_hostile.py): the storm of
 exports, the quiet query phase, the stall phase, and reading back what the store holds.
 
 Settings below size one CI run (a few minutes on 2 cores). HOSTILE_SEED=<n> replays a run.

@@ -1,4 +1,4 @@
-"""Senders for the hostile suite (tests/test_collector_hostile.py): keep-alive HTTP, raw sockets and
+"""Senders for the hostile suite (tests/collector/test_collector_hostile.py): keep-alive HTTP, raw sockets and
 gRPC, each turning whatever happens into an `Outcome` (a reply code, or None and the client's error)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Seeded hostile OTLP exports for tests/test_collector_hostile.py, over HTTP and gRPC.
+"""Seeded hostile OTLP exports for tests/collector/test_collector_hostile.py, over HTTP and gRPC.
 
 Every request is a pure function of (seed, channel, index, now_ns): a printed seed and index rebuild
 the exact request that misbehaved (`http_request(seed, index, now_ns)`). A request whose spans carry

@@ -1,4 +1,4 @@
-"""Seeded hostile statements for the collector's POST /v1/query, for tests/test_collector_hostile.py.
+"""Seeded hostile statements for the collector's POST /v1/query, for tests/collector/test_collector_hostile.py.
 
 Two kinds: `write_or_peek_query` tries to change a file (COPY, EXPLAIN ANALYZE, ATTACH, EXPORT, profiling
 output, spilling), read one outside the store, or learn a host path; `stall_query` is costly to parse,

@@ -6,7 +6,7 @@ supported `openai` and `opentelemetry-sdk` (instrument/pyproject.toml, docs/agen
 The newest are what `make setup` installed (the latest releases in range when .venv was made; CI
 makes it fresh). The oldest are installed with `pip install --target` into overlay folders put first
 on PYTHONPATH (cached in ~/.cache/lightning-otel-sdk-matrix; the first run downloads ~10 MB), and
-tests/test_capture_across_sdks.py runs under each of the four pairs. Exits non-zero on any failure.
+tests/instrument/test_capture_across_sdks.py runs under each of the four pairs. Exits non-zero on any failure.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> int:
             "-s",
             "-p",
             "no:cacheprovider",
-            "tests/test_capture_across_sdks.py",
+            "tests/instrument/test_capture_across_sdks.py",
         ]
         print(f"--- {label}", flush=True)
         if subprocess.run(command, cwd=HERE.parent, env=env).returncode != 0:

@@ -24,8 +24,12 @@ PARTS = {
     "trainer": (2, ("lightning_otel.trainer",)),
     "dashboards": (2, ("lightning_otel.dashboards",)),
     "cli": (3, ("lightning_otel.cli", "lightning_otel.__main__")),
+    # The development harness: above every product part, so none may import it; tests, bench,
+    # examples and docs scripts do.
+    "testing": (4, ("lightning_otel.testing",)),
 }
-EXAMPLES_LAYER = 3  # examples/ may use every part; nothing imports an example
+PRODUCT_PARTS = [part for part in PARTS if part != "testing"]
+EXAMPLES_LAYER = 5  # examples/ may use every part and the harness; nothing imports an example
 
 
 def part_of_module(module: str) -> str | None:
@@ -124,6 +128,32 @@ def test_examples_use_parts_only_through_their_public_modules():
     for path in example_sources():
         problems += violations(None, EXAMPLES_LAYER, path, path.stem)
     assert not problems, "\n".join(problems)
+
+
+def imported_parts(path: Path, module: str) -> list[tuple[int, str]]:
+    """(line, part) for every import of a repository module in the file at path."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for line, target, names in imports(tree, module, path.name == "__init__.py"):
+        for dotted in [target] + [f"{target}.{n}" for n in names]:
+            part = part_of_module(dotted) if target.startswith("lightning_otel") else None
+            if part is not None:
+                found.append((line, part))
+    return found
+
+
+def test_no_product_part_imports_the_testing_part():
+    """The harness sits above every product part; a product module that reaches into it (even
+    lazily, inside a function) would make the product depend on test code."""
+    assert PARTS["testing"][0] > max(PARTS[part][0] for part in PRODUCT_PARTS)
+    importers = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for part, path in part_sources()
+        if part != "testing"
+        for line, imported in imported_parts(path, module_name(path))
+        if imported == "testing"
+    ]
+    assert not importers, "product modules import lightning_otel.testing:\n" + "\n".join(importers)
 
 
 def test_every_module_lives_where_its_import_name_says():

@@ -1,6 +1,10 @@
-"""`lightning-otel`: one command, one subcommand per part. Each part registers its own subcommands
-(its `commands`/`command` module, standard library only at import), so a machine with only some
-parts installed gets theirs, and `--help` works without any part's extras.
+"""`lightning-otel`: one command, its subcommands registered by the installed parts.
+
+Each part declares its subcommands as entry points in the `lightning_otel.commands` group (its
+pyproject.toml): the entry point's name is the subcommand, its object a function
+`(subparsers, data_dir) -> None` that adds that subparser. A part that is not installed contributes
+none, and its modules load only the standard library and settings, so `--help` works without any
+part's extras.
 """
 
 from __future__ import annotations
@@ -11,23 +15,22 @@ import os
 import signal
 import sys
 import threading
+from importlib.metadata import EntryPoint, entry_points
 
-try:
-    from lightning_otel.collector import commands as collector_commands
-except ImportError:  # the collector part is not installed here
-    collector_commands = None
-try:
-    from lightning_otel.gateway import command as gateway_command
-except ImportError:
-    gateway_command = None
-try:
-    from lightning_otel.trainer import command as trainer_command
-except ImportError:
-    trainer_command = None
-try:
-    from lightning_otel.dashboards import grafana_views, report, server
-except ImportError:
-    grafana_views = report = server = None
+COMMANDS_GROUP = "lightning_otel.commands"
+
+
+def command_entry_points() -> list[EntryPoint]:
+    """The installed subcommands' entry points, by name. The same entry point seen twice (a
+    distribution on the path twice) counts once; two different ones with one name are an error."""
+    found: dict[str, EntryPoint] = {}
+    for entry_point in entry_points(group=COMMANDS_GROUP):
+        seen = found.setdefault(entry_point.name, entry_point)
+        if seen.value != entry_point.value:
+            raise RuntimeError(
+                f"two installed parts register the subcommand {entry_point.name!r}: {seen.value} and {entry_point.value}"
+            )
+    return [found[name] for name in sorted(found)]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -50,21 +53,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    server.start()
+    process = server.start().process
+    assert process is not None  # start() returned: vLLM is running
     print(
         f"lightning-otel serve: {server.base_url} (model {args.served_model_name}; "
         f"{'LoRA swaps' if args.lora else 'full-weight swaps'}; log {args.log})",
         flush=True,
     )
     while not stop.wait(1.0):
-        if server.process.poll() is not None:
-            print(f"vLLM exited with code {server.process.returncode}", file=sys.stderr)
+        if process.poll() is not None:
+            print(f"vLLM exited with code {process.returncode}", file=sys.stderr)
             return 1
     server.stop()
     return 0
 
 
-def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+def add_serve_parser(sub: argparse._SubParsersAction, data_dir: str = "") -> None:
+    """The `serve` subcommand (a `lightning_otel.commands` entry point); vLLM keeps no trace store."""
     p = sub.add_parser(
         "serve",
         help="start vLLM with what capture and hot-swap need, and keep it running",
@@ -99,17 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     data_dir = os.environ.get("LIGHTNING_OTEL_DATA_DIR", "./lightning-data")
-    if collector_commands is not None:
-        collector_commands.add_parsers(sub, data_dir)
-    if gateway_command is not None:
-        gateway_command.add_parser(sub)
-    _add_serve_parser(sub)
-    if trainer_command is not None:
-        trainer_command.add_parser(sub)
-    if server is not None:
-        server.add_parser(sub, data_dir)
-        report.add_parser(sub, data_dir)
-        grafana_views.add_parser(sub, data_dir)
+    for entry_point in command_entry_points():
+        try:
+            register = entry_point.load()
+        except ImportError as error:  # installed but unusable here: the other subcommands still work
+            print(
+                f"lightning-otel: no {entry_point.name!r} subcommand: {entry_point.value} does not load ({error})",
+                file=sys.stderr,
+            )
+            continue
+        register(sub, data_dir)
+        if entry_point.name not in sub.choices:
+            raise RuntimeError(
+                f"entry point {entry_point.name} = {entry_point.value} added no {entry_point.name!r} subcommand"
+            )
     return parser
 
 

@@ -23,7 +23,7 @@ STEP_LIMIT = 4  # model calls per rollout: the scripted fix takes three (fix, te
 
 
 def build_model(out: Path, seed: int) -> Path:
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing.tiny_model import build_tiny_model
 
     # The harness's prompts in the tokenizer's corpus, merged across words: its fixed text takes few tokens.
     conversations = coding_task.sft_examples(10, random.Random(seed), STEP_LIMIT)

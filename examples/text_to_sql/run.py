@@ -34,7 +34,7 @@ def database(workdir: Path) -> Path:
 
 
 def build_model(out: Path, seed: int) -> Path:
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing.tiny_model import build_tiny_model
 
     # The prompt's fixed text and the queries' words in the tokenizer's corpus: fewer tokens each.
     rng = random.Random(seed)

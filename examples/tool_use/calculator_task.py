@@ -10,7 +10,7 @@ call of a solved rollout, rendered by the same chat template vLLM uses, tools in
 
 Splits: every question belongs to exactly one of SPLITS, by a hash of its operands (`split_of`), so
 the warm-up's demonstrations, its stopping check, the RL tasks and the held-out evaluation never
-share a question, whatever the seed: disjoint by construction, not by luck (tests/test_examples.py).
+share a question, whatever the seed: disjoint by construction, not by luck (tests/examples/test_examples.py).
 """
 
 from __future__ import annotations

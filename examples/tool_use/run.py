@@ -48,7 +48,7 @@ import training_loop  # noqa: E402
 def build_model(out: Path, seed: int, kv_heads: int = KV_HEADS, **shape) -> Path:
     """The tiny model: 2 layers, hidden size 64, 2 heads with `kv_heads` keys and values (KV_HEADS).
     `shape` overrides build_tiny_model's hidden_size, heads, layers (bench/tool_use_warm_up.py)."""
-    from lightning_otel.trainer.tiny_model import build_tiny_model
+    from lightning_otel.testing.tiny_model import build_tiny_model
 
     # The prompt's fixed text in the tokenizer's corpus: the system turn takes fewer tokens.
     extra = [calculator_task.INSTRUCTIONS, json.dumps(calculator_task.tool_schema()), "The answer is"] * 50

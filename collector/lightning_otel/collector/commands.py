@@ -15,7 +15,9 @@ from lightning_otel.collector.config import CollectorConfig
 from lightning_otel.core.flags import add_flags, from_args
 
 
-def add_parsers(sub: argparse._SubParsersAction, data_dir: str) -> None:
+def add_collector_parser(sub: argparse._SubParsersAction, data_dir: str) -> None:
+    """The `collector` subcommand (a `lightning_otel.commands` entry point). Its --data-dir is
+    CollectorConfig's setting, with the config's own default and environment variable."""
     p = sub.add_parser(
         "collector",
         help="run the OTLP collector (traces -> Parquet)",
@@ -28,6 +30,9 @@ def add_parsers(sub: argparse._SubParsersAction, data_dir: str) -> None:
     add_flags(p, CollectorConfig)
     p.set_defaults(func=_cmd_collector)
 
+
+def add_sql_parser(sub: argparse._SubParsersAction, data_dir: str) -> None:
+    """The `sql` subcommand (entry point `lightning_otel.commands`)."""
     p = sub.add_parser("sql", help="query the trace store with SQL (views: spans, llm_calls, rollouts, ...)")
     p.add_argument("--data-dir", default=data_dir, help="trace store [$LIGHTNING_OTEL_DATA_DIR]")
     p.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table")

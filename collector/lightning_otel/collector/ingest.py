@@ -105,6 +105,8 @@ class Ingestor:
                 if rejected:
                     body, flags = request.SerializeToString(), 0
                 spans = count_spans(request)
+            elif spans is None:
+                raise TypeError("_export needs the parsed request or the span count")
             if spans:
                 self.wal.append(body, flags)
             self.accepted += spans

@@ -114,8 +114,8 @@ def _chunk_pages(array: pa.ListArray, full: int, empty: int, cache: dict[int, by
     if offsets_buffer is None:
         _fall_back("missing buffer", "list offsets")
         return None
-    offsets = memoryview(offsets_buffer).cast("B")[array.offset * 4 : (array.offset + rows + 1) * 4]
-    offsets = offsets.cast("i").tolist()  # Arrow buffers are in native byte order
+    offset_bytes = memoryview(offsets_buffer).cast("B")[array.offset * 4 : (array.offset + rows + 1) * 4]
+    offsets = offset_bytes.cast("i").tolist()  # Arrow buffers are in native byte order
     lengths = [end - start for start, end in zip(offsets, offsets[1:])]
     valid = array.is_valid().to_pylist() if array.null_count else None
     if valid is not None and any(n for n, ok in zip(lengths, valid) if not ok):
@@ -254,7 +254,10 @@ def _with_pages(written: pa.Buffer, pages: dict[str, list[_Page]]) -> list | Non
     if not 4 <= data_end < len(written) - 8:
         raise ValueError(f"footer size {footer_size} out of range")
     footer, _ = tc.read_struct(written[data_end:-8].to_pybytes())
-    row_groups = footer[4][1][1]
+    row_groups_field = footer[4][1]  # a list: (element type, items)
+    if not isinstance(row_groups_field, tuple):
+        raise ValueError("row_groups is not a list")
+    row_groups = row_groups_field[1]
     if len(row_groups) != 1:
         _fall_back("footer not editable", f"{len(row_groups)} row groups")
         return None

@@ -101,6 +101,10 @@ def ingest(ingestor: Ingestor, content_type: str, body: Body) -> Result:
     return ingestor.export_body(body.data())
 
 
+async def _health(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 class OTLPHTTPServer:
     """Start with `start()` (binds, raises OSError if it cannot), stop with `stop()`."""
 
@@ -125,7 +129,7 @@ class OTLPHTTPServer:
 
     def app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_get("/health", _health)
         app.router.add_post("/v1/traces", self._export, expect_handler=self._expect)
         if self.queries is not None:
             app.router.add_post("/v1/query", self._query, expect_handler=self._expect_query)
@@ -160,7 +164,8 @@ class OTLPHTTPServer:
             return
         started.set()
         self._loop.run_forever()
-        self._loop.run_until_complete(self._runner.cleanup())
+        if self._runner is not None:
+            self._loop.run_until_complete(self._runner.cleanup())
         self._loop.close()
 
     async def _bind(self) -> None:
@@ -283,8 +288,8 @@ class OTLPHTTPServer:
         if result.rejected:
             response.partial_success.rejected_spans = result.rejected
             response.partial_success.error_message = result.message
-        body = encode_json(response) if reply_type == JSON else response.SerializeToString()
-        return web.Response(body=body, content_type=reply_type)
+        reply = encode_json(response) if reply_type == JSON else response.SerializeToString()
+        return web.Response(body=reply, content_type=reply_type)
 
     # Query ----------------------------------------------------------------------------------
 
@@ -308,6 +313,9 @@ class OTLPHTTPServer:
         return None
 
     async def _query(self, request: web.Request) -> web.Response:
+        queries = self.queries
+        if queries is None:  # the route exists only with queries on
+            return _json_reply(404, {"error": "queries are off"})
         rejection = self._query_precheck(request, close=False)
         if rejection is not None:
             return rejection
@@ -326,7 +334,7 @@ class OTLPHTTPServer:
             return _json_reply(408, {"error": str(exc)}, close=True)
         except ValueError as exc:
             return _json_reply(400, {"error": str(exc)})
-        code, payload, headers = await self.queries.answer_async(body.data(), self._query_pool)
+        code, payload, headers = await queries.answer_async(body.data(), self._query_pool)
         return _json_reply(code, payload, headers)
 
     async def _not_found(self, request: web.Request) -> web.Response:

@@ -24,10 +24,12 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,6 +43,8 @@ from lightning_otel.collector.store import Store, lists_with_values
 from lightning_otel.collector.wal import GZIP, WriteAheadLog, read_records
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 IDLE_ROTATE_BYTES = 1024 * 1024
 IDLE_ROTATE_S = 0.05
 MAX_ATTEMPTS = 3  # failed conversions of one segment before it is quarantined
@@ -120,8 +124,8 @@ def compact_files(store_uri: str, paths: list[str], target_dir: str) -> str:
 class _InlineExecutor(Executor):
     """Runs work in the calling thread (workers=0): for tests and tiny deployments."""
 
-    def submit(self, fn, *args, **kwargs) -> Future:
-        future: Future = Future()
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        future: Future[_T] = Future()
         try:
             future.set_result(fn(*args, **kwargs))
         except BaseException as exc:
@@ -341,7 +345,7 @@ class Pipeline:
             # Workers spawn lazily and take seconds to import pyarrow: start them all now, not
             # when the first burst of exports is already waiting.
             with _stop_signals_blocked():
-                for _ in range(self.executor._max_workers):
+                for _ in range(self.executor._max_workers):  # type: ignore[attr-defined]  # typeshed omits the pool size
                     self.executor.submit(_warm_up, 0.5)
         self.flush()  # replay what a previous run left in the log
         self._thread.start()

@@ -328,7 +328,7 @@ def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
     """The views, created over an empty table of the spans' shape; then `spans_raw` reads the files.
     Creating a view binds it, and binding `read_parquet` reads every file's footer: over the files,
     once per view that reads them (~0.5 s per connection over a 100-file store). A query binds its
-    views again, over the files' own columns (tests/test_views_binding.py). No store yet: the empty
+    views again, over the files' own columns (tests/collector/test_views_binding.py). No store yet: the empty
     table (reconnect once data exists)."""
     if not store.is_local:
         _register_filesystem(conn, store)

@@ -99,13 +99,14 @@ class QueryLimiter:
             raise _SqlTooLarge(f"'sql' is {size} bytes; at most {self.max_sql_bytes} are accepted")
         return sql
 
-    def _refusal(self, body: bytes) -> tuple[str | None, Reply | None]:
+    def _sql_or_refusal(self, body: bytes) -> str | Reply:
+        """The query's SQL, or the reply refusing the body."""
         try:
-            return self._parse(body), None
+            return self._parse(body)
         except _SqlTooLarge as exc:
-            return None, (413, {"error": str(exc)}, {})
+            return 413, {"error": str(exc)}, {}
         except ValueError as exc:
-            return None, (400, {"error": str(exc)}, {})
+            return 400, {"error": str(exc)}, {}
 
     def _busy(self) -> Reply:
         return 429, {"error": f"{self.max_concurrent} queries are running; try again shortly"}, {"Retry-After": "1"}
@@ -128,18 +129,18 @@ class QueryLimiter:
     def answer(self, body: bytes) -> Reply:
         """POST /v1/query on a threaded server: (status, JSON payload, extra headers)."""
         admitted = time.monotonic()
-        sql, refusal = self._refusal(body)
-        if refusal is not None:
-            return refusal
+        sql = self._sql_or_refusal(body)
+        if not isinstance(sql, str):
+            return sql
         return self._execute(sql, admitted) if self._enter() else self._busy()
 
     async def answer_async(self, body: bytes, executor: Executor) -> Reply:
         """POST /v1/query on an event loop: the query runs on `executor`, a thread that only waits
         for the worker process (refusals never wait for it)."""
         admitted = time.monotonic()
-        sql, refusal = self._refusal(body)
-        if refusal is not None:
-            return refusal
+        sql = self._sql_or_refusal(body)
+        if not isinstance(sql, str):
+            return sql
         if not self._enter():
             return self._busy()
         try:

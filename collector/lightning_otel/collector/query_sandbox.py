@@ -97,7 +97,7 @@ def _sql_string(text: str) -> str:
 
 # Set in this order: allowed_directories before external access is turned off (it cannot change
 # after), LocalFileSystem after (turning external access off still looks the local one up).
-_CONFIG = {
+_CONFIG: dict[str, str | bool] = {
     "autoinstall_known_extensions": False,
     "autoload_known_extensions": False,
     "temp_directory": "",  # no spill files: none to write, none for another query to list

@@ -6,7 +6,7 @@ near a size cap (size_caps.py); otherwise None, and the caller parses the body w
 (`span_rows.decode_request`) to get its error or drop the bad spans, as before. The walk's schema is built here from the installed protobuf descriptors,
 so a field the installed OTLP version does not know sends the body to upb too.
 Without the extension (no C compiler at install time) or with LIGHTNING_OTEL_PURE_PYTHON=1,
-`span_count` is always None. tests/test_request_check.py holds it to upb's answers.
+`span_count` is always None. tests/collector/test_request_check.py holds it to upb's answers.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from lightning_otel.collector import size_caps
 try:
     from lightning_otel.collector import _request_check
 except ImportError:  # built without a compiler
-    _request_check = None
+    _request_check = None  # type: ignore[assignment]  # None: not built, upb parses every body
 
 # field kinds, as _request_check.c numbers them; 16 + i is a message of schema i
 _UNKNOWN, _VARINT, _FIXED64, _FIXED32, _BYTES, _STRING, _MESSAGE = 0, 1, 2, 3, 4, 5, 16

@@ -52,6 +52,8 @@ class Collector:
 
     @property
     def http_endpoint(self) -> str:
+        if self.http is None:
+            raise RuntimeError("the collector is not started: no HTTP endpoint yet")
         host, port = self.http.server_address[:2]
         return f"http://{host}:{port}"
 

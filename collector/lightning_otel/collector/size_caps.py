@@ -14,7 +14,7 @@ a 10 MB one is kept, see store.partition_value for its directory). Keys are name
 
 The receiver's quick check (_request_check.c) sends any body that may pass a cap to this module's
 upb path, measuring on the wire (never less than protobuf's ByteSize here), so both paths reject
-the same spans (tests/test_collector_ingest_hostile.py).
+the same spans (tests/collector/test_collector_ingest_hostile.py).
 """
 
 from __future__ import annotations

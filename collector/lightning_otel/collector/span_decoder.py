@@ -5,7 +5,7 @@ straight into Arrow buffers; span_rows.py's pure-Python path (upb message object
 loop per attribute) stays the reference. The C decoder gives back to that path any request it
 does not handle exactly (see the C file), and formats the rare values (arrays, key-value lists,
 events, plain or base64 token arrays) through the reference's own functions, passed in below,
-so both paths give equal rows (tests/test_spans_codec.py). Set LIGHTNING_OTEL_PURE_PYTHON=1 to
+so both paths give equal rows (tests/collector/test_spans_codec.py). Set LIGHTNING_OTEL_PURE_PYTHON=1 to
 turn the decoder off; without a C compiler at install time it is simply absent.
 """
 
@@ -25,7 +25,7 @@ from lightning_otel.core import schema
 try:
     from lightning_otel.collector import _spans_codec
 except ImportError:  # built without a compiler, or a platform without the extension
-    _spans_codec = None
+    _spans_codec = None  # type: ignore[assignment]  # None: not built, the Python decoder runs
 
 # slot codes the C decoder understands: index * 8 + kind; a fallback: flag | rank << 8 | how << 5 |
 # column index, `how` as the C file's FB_* (a string, an integer, an operation's kind, else Python)

@@ -24,7 +24,7 @@ import os
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 import pyarrow as pa
@@ -180,17 +180,18 @@ class Store:
         hour_range = pc.min_max(hours_array)
         # Rows go to their partition directory, not to their service name: names that share a
         # directory (no service and "unknown") must not overwrite each other's file.
-        by_directory: dict[str, list[int] | None]
+        by_directory: Mapping[str, list[int] | None]
         if hour_range["min"] == hour_range["max"] and pc.count_distinct(services_array, mode="all").as_py() == 1:
             # The usual segment: one service, one hour. No per-row Python to find that out.
             by_directory = {self.partition_dir(services_array[0].as_py(), hour_range["min"].as_py()): None}
         else:
             directories: dict[tuple, str] = {}  # (service, hour) -> directory, worked out once each
-            by_directory = defaultdict(list)
+            rows_of: defaultdict[str, list[int]] = defaultdict(list)
             for row, key in enumerate(zip(services_array.to_pylist(), hours_array.to_pylist())):
                 if key not in directories:
                     directories[key] = self.partition_dir(*key)
-                by_directory[directories[key]].append(row)
+                rows_of[directories[key]].append(row)
+            by_directory = rows_of
         written = []
         for directory, rows in sorted(by_directory.items()):
             path = f"{directory}/part-{segment}.parquet"

@@ -54,8 +54,9 @@ def _value(data: bytes | memoryview, pos: int, ttype: int) -> tuple[object, int]
         size, etype = header >> 4, header & 0x0F
         if size == 15:
             size, pos = _varint(data, pos)
-        items = []
+        items: list[object] = []
         for _ in range(size):
+            item: object
             if etype in (BOOL_TRUE, BOOL_FALSE):  # a bool element is one byte
                 item, pos = data[pos], pos + 1
             else:

@@ -4,12 +4,10 @@ library only. The routes themselves: lightning_otel.gateway.admin."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
+from lightning_otel.core.http_json import HttpError, get_json, post_json
 from lightning_otel.core.vllm_admin import SwapError
 
 
@@ -17,9 +15,7 @@ class GatewayAdminClient:
     def __init__(self, url: str, token: str | None, timeout_s: float = 900.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s  # a full swap waits for requests in flight, then reloads every replica
-        self.headers = {"Content-Type": "application/json"}
-        if token:
-            self.headers["Authorization"] = f"Bearer {token}"
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def swap_full(self, weights_dir: str | Path, version: str, rollback_dir: str | Path) -> dict[str, Any]:
         """Every replica, one at a time, to `weights_dir` (rolled back to `rollback_dir` if one fails to load)."""
@@ -40,13 +36,10 @@ class GatewayAdminClient:
         return self._request("GET", "/admin/state", None)
 
     def _request(self, method: str, path: str, body: dict | None) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
+        url, timeout = self.url + path, self.timeout_s
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
-                return json.loads(reply.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode(errors="replace")
-            raise SwapError(f"gateway {method} {path}: HTTP {exc.code}: {detail}") from None
-        except OSError as exc:
-            raise SwapError(f"gateway {method} {path} failed: {exc}") from None
+            if method == "GET":
+                return get_json(url, timeout=timeout, headers=self.headers)
+            return post_json(url, body, timeout=timeout, headers=self.headers)
+        except HttpError as exc:
+            raise SwapError(f"gateway {exc}") from None

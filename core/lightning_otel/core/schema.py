@@ -2,7 +2,7 @@
 
 Everyone imports names from here (instrument, collector, trainer, dashboards, tests); no module
 spells an attribute name as a string of its own. `docs/span-schema.md` documents each name and
-who reads it; `tests/test_schema.py` checks that the two agree.
+who reads it; `tests/core/test_schema.py` checks that the two agree.
 
 Two namespaces:
 - OpenInference (`openinference.*`, `llm.*`, `tool.*`, ...): what the OpenInference
@@ -118,7 +118,7 @@ SERVER_PORT = "server.port"
 
 # --- GenAI conventions: the further names and values instrument() and the gateway write when asked
 # (docs/span-schema.md, "Writing GenAI semantic conventions"; pinned against opentelemetry-semantic-conventions
-# in tests/test_gen_ai_output.py).
+# in tests/instrument/test_gen_ai_output.py).
 GEN_AI_REQUEST_FREQUENCY_PENALTY = "gen_ai.request.frequency_penalty"
 GEN_AI_REQUEST_PRESENCE_PENALTY = "gen_ai.request.presence_penalty"
 GEN_AI_REQUEST_STOP_SEQUENCES = "gen_ai.request.stop_sequences"  # string[]

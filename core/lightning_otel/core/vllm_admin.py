@@ -23,12 +23,12 @@ from __future__ import annotations
 import json
 import struct
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from lightning_otel.core.http_json import HttpError, request
 
 WEIGHT_INFO_PATH = "/weight_info"  # dev mode: {"weight_version": ...}
 
@@ -56,16 +56,12 @@ class VLLMAdmin:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        """One admin route; its JSON reply, or its text for the routes that answer in plain text."""
         data = json.dumps(body).encode() if body is not None else (b"{}" if method == "POST" else None)
-        request = urllib.request.Request(self.url + path, data=data, headers=self.headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as reply:
-                text = reply.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:500].decode(errors="replace")
-            raise SwapError(f"{method} {path} -> HTTP {exc.code}: {detail}") from None
-        except OSError as exc:
-            raise SwapError(f"{method} {path} failed: {exc}") from None
+            text = request(method, self.url + path, data, timeout=self.timeout_s, headers=self.headers)
+        except HttpError as exc:
+            raise SwapError(str(exc)) from None
         try:
             return json.loads(text) if text else None
         except ValueError:

@@ -14,12 +14,12 @@ import operator
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from lightning_otel.core import schema
+from lightning_otel.core.http_json import get_json
 from lightning_otel.core.token_encoding import attribute, pack
 from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 
@@ -38,7 +38,7 @@ def endpoint_kind(path: str) -> str | None:
         if len(_kinds) > 1024:
             _kinds.clear()
         known = _kinds[path] = _endpoint_kind(path)
-    return known
+    return cast("str | None", known)  # not _UNKNOWN any more
 
 
 _kinds: dict[str, str | None] = {}  # the few request paths a process uses, on every call
@@ -239,9 +239,12 @@ class _VersionReader:
         self.waiting: list[tuple[float, Callable[[str], None]]] = []
         self.stopped = False
         root = urllib.parse.urlsplit(server_root(base))
+        host = root.hostname
+        if not host:
+            raise ValueError(f"no host in the vLLM URL {base!r}")
         self.path = (root.path or "") + WEIGHT_INFO_PATH
         connection = http.client.HTTPSConnection if root.scheme == "https" else http.client.HTTPConnection
-        self.connect = lambda: connection(root.hostname, root.port, timeout=_PROBE_TIMEOUT_S)
+        self.connect = lambda: connection(host, root.port, timeout=_PROBE_TIMEOUT_S)
         self.connection: http.client.HTTPConnection | None = None
         threading.Thread(target=self._run, name=f"lightning-otel-weight-version {base}", daemon=True).start()
 
@@ -317,12 +320,6 @@ class VLLMEndpoints:
         self._lock = threading.Lock()
         self._idle = threading.Condition()
 
-    @staticmethod
-    def _fetch_json(url: str, headers: Mapping[str, str]) -> Any:
-        request = urllib.request.Request(url, headers=dict(headers))
-        with urllib.request.urlopen(request, timeout=_PROBE_TIMEOUT_S) as reply:
-            return json.loads(reply.read())
-
     def cached(self, base_url: str) -> _ServerInfo | None:
         """What info() found for this server, None if it was not asked yet (no network)."""
         return self._info.get(base_url.rstrip("/"))
@@ -335,7 +332,7 @@ class VLLMEndpoints:
             return cached
         base = base_url.rstrip("/")
         try:
-            models = self._fetch_json(base + "/models", headers)
+            models = get_json(base + "/models", timeout=_PROBE_TIMEOUT_S, headers=headers)
             is_vllm = any(m.get("owned_by") == "vllm" for m in models.get("data", []))
         except (OSError, ValueError, AttributeError) as exc:
             log.debug("not treating %s as vLLM: %s", base, exc)
@@ -351,7 +348,9 @@ class VLLMEndpoints:
 
     def _read_version(self, base: str, headers: Mapping[str, str]) -> str | None:
         try:
-            return weight_version_of(self._fetch_json(server_root(base) + WEIGHT_INFO_PATH, headers))
+            return weight_version_of(
+                get_json(server_root(base) + WEIGHT_INFO_PATH, timeout=_PROBE_TIMEOUT_S, headers=headers)
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None  # dev-mode routes off, or the server did not answer in time
 

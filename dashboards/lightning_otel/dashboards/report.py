@@ -367,7 +367,8 @@ def write_report(
         raise ValueError("give either steps or since/until, not both")
     conn = connect(data_dir)
     conn.execute("SET TimeZone = 'UTC'")  # timestamps come back in UTC, as the Markdown prints them
-    if conn.execute("SELECT count(*) FROM (SELECT 1 FROM spans_raw LIMIT 1)").fetchone()[0] == 0:
+    any_span = conn.execute("SELECT count(*) FROM (SELECT 1 FROM spans_raw LIMIT 1)").fetchone()
+    if any_span is None or any_span[0] == 0:
         raise ReportError(f"no spans in {data_dir}: is it the collector's --data-dir, and has anything been exported?")
     window = _steps_window(conn, *steps) if steps is not None else Window(since, until)
     _scope(conn, window)

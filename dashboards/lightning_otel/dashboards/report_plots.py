@@ -8,6 +8,7 @@ so no global backend state and no display is ever needed. Empty inputs give a pl
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 DPI = 100
@@ -26,7 +27,7 @@ def _no_data(ax, text: str) -> None:
     ax.set_yticks([])
 
 
-def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple], evaluation: list[tuple] = ()) -> str:
+def reward_curve(path: Path, train_steps: list[tuple], versions: list[tuple], evaluation: Sequence[tuple] = ()) -> str:
     """Left: mean reward per train step. Right: mean rollout reward per policy version, training
     rollouts and, beside them, the held-out evaluation's (`evaluation`: report.ReportData's rows) with
     its 95% interval."""

@@ -10,7 +10,8 @@ from lightning_otel.core.otlp import SPANS_DESTINATION
 from lightning_otel.gateway.config import GatewayConfig
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, data_dir: str = "") -> None:
+    # data_dir: the signature every `lightning_otel.commands` entry point shares (cli.py); the gateway keeps no store
     p = sub.add_parser(
         "gateway",
         help="OpenAI-compatible proxy in front of vLLM that records every call",

@@ -33,7 +33,7 @@ class IdempotentRequests:
         self,
         key: str,
         digest: bytes,
-        forward: Callable[[], Awaitable[web.Response]],
+        forward: Callable[[], Awaitable[web.StreamResponse]],
         reply_headers: Callable[[], dict[str, str]],
     ) -> web.StreamResponse:
         """`forward()` the first time (a buffered response); its result, with `reply_headers()` taken
@@ -56,6 +56,9 @@ class IdempotentRequests:
         self._inflight[key] = (digest, future)
         try:
             response = await forward()
+            if not isinstance(response, web.Response) or not isinstance(response.body, bytes):
+                # a retry replays the stored bytes: forward() must answer buffered, never as a stream
+                raise TypeError("an idempotent request's answer must be a buffered bytes body")
             result = (response.status, {"Content-Type": response.content_type, **reply_headers()}, response.body)
             if response.status < 500:
                 self._completed[key] = (now + self.ttl_s, digest, result)

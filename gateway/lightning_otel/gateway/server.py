@@ -54,6 +54,10 @@ SERVICE_NAME = "lightning-gateway"  # the resource service.name of the gateway's
 _VERSION_POLL_S = 0.1
 
 
+async def _health(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 @dataclass
 class _Upstream:
     url: str
@@ -99,9 +103,14 @@ class Gateway:
             client_max_size=self.config.max_body_bytes,
             middlewares=[errors_middleware(self.config.max_body_bytes), self._auth],
         )
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_get("/health", _health)
         rollout_prefixes = ("/rollout/{rollout_id}", "/rollout/{rollout_id}/task/{task_id}")
+        from lightning_otel.gateway.anthropic_route import handler as anthropic_messages
+        from lightning_otel.gateway.responses_route import handler as openai_responses
+
         for prefix in ("", *rollout_prefixes, *(p + "/split/{split}" for p in rollout_prefixes)):
+            app.router.add_post(prefix + "/v1/messages", anthropic_messages(self))  # before the catch-all
+            app.router.add_post(prefix + "/v1/responses", openai_responses(self))
             app.router.add_route("*", prefix + "/v1/{path:.*}", self.proxy)
             if prefix:
                 app.router.add_post(prefix + "/reward", self.reward)
@@ -119,6 +128,11 @@ class Gateway:
         if token and not public and not bearer_ok(request.headers.get("Authorization"), token):
             return error_response(401, "missing or wrong bearer token", "authentication_error")
         return await handler(request)
+
+    def _session(self) -> ClientSession:
+        if self.session is None:
+            raise RuntimeError("the gateway's client session is made when the app starts")
+        return self.session
 
     async def _start(self, _app: web.Application) -> None:
         self.idle = asyncio.Condition()
@@ -144,7 +158,7 @@ class Gateway:
                 if upstream.version_owned:
                     continue
                 try:
-                    async with self.session.get(
+                    async with self._session().get(
                         upstream.url + WEIGHT_INFO_PATH,
                         headers=self._upstream_headers(),
                         timeout=ClientTimeout(total=2),
@@ -195,7 +209,7 @@ class Gateway:
         path = "/v1/" + request.match_info["path"]
         raw = await request.read()
         kind = endpoint_kind(path) if request.method == "POST" else None
-        body = None
+        body, adapter = None, None
         key = request.headers.get("Idempotency-Key")
         digest = body_digest(request.path, raw) if key and kind is not None else b""
         if kind is not None:
@@ -205,14 +219,14 @@ class Gateway:
                 return error_response(400, "request body is not JSON", "invalid_request_error")
             if not isinstance(body, dict):
                 return error_response(400, "request body must be a JSON object", "invalid_request_error")
-            adapter = self.served.get(body.get("model"))
+            model = body.get("model")
+            adapter = self.served.get(model) if isinstance(model, str) else None  # "model": [..] is no key
             if adapter is not None:  # LoRA: the logical model name goes to the current adapter
                 raw = json.dumps({**body, "model": adapter[0], **token_request_fields(kind, body)}).encode()
             else:
                 raw = _with_fields(raw, body, token_request_fields(kind, body))
         call = Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
-        if kind is not None:
-            call.adapter = self.served.get(body.get("model"))
+        call.adapter = adapter
         if key and kind is not None:
             return await self.idempotent.once(
                 key, digest, lambda: self._forward(request, path, raw, call, buffer=True), lambda: self._headers(call)
@@ -244,8 +258,9 @@ class Gateway:
                 upstream.inflight -= 1
                 if call.adapter is not None:
                     self.adapter_inflight[call.adapter[0]] -= 1
-                async with self.idle:
-                    self.idle.notify_all()
+                if self.idle is not None:  # made when the app starts, as the session
+                    async with self.idle:
+                        self.idle.notify_all()
             if isinstance(outcome, web.StreamResponse):
                 return outcome
             error = outcome
@@ -257,7 +272,7 @@ class Gateway:
     ) -> web.StreamResponse | str:
         """One try on call.upstream: the response, or the error string of a retryable failure."""
         try:
-            reply = await self.session.request(
+            reply = await self._session().request(
                 request.method, call.upstream.url + path, data=raw, headers=headers, params=request.query
             )
         except TimeoutError:
@@ -291,22 +306,27 @@ class Gateway:
         return {"X-Lightning-Policy-Version": call.version} if call.version is not None else {}
 
     async def _stream(self, request: web.Request, reply, call: Call) -> web.StreamResponse:
+        if call.kind is None:  # only a parsed chat or completions body asks for a stream
+            raise RuntimeError("a streamed answer to a call of no known endpoint")
         response = web.StreamResponse(
             status=200,
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **self._headers(call)},
         )
         await response.prepare(request)
         request[STREAM_STARTED] = True
-        events = self.spans.events(call.kind)
+        events = self.spans.events(call.kind)  # not None: checked above
         error = None
+        translate = call.translate  # set for an Anthropic Messages or Responses call: its events, as they arrive
         try:
             async for chunk in reply.content.iter_any():
-                await response.write(chunk)  # unchanged, as soon as it arrives
+                await response.write(chunk if translate is None else translate.feed(chunk))  # as soon as it arrives
                 events.feed(chunk)
         except (TimeoutError, ClientError) as exc:
             error = f"upstream failed mid-stream: {exc}"
         finally:
             reply.release()
+        if translate is not None:
+            await response.write(translate.end(error))
         await response.write_eof()
         self.spans.record(call, None, error=error, accumulated=events)
         return response

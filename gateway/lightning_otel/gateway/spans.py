@@ -30,6 +30,7 @@ class Call:
     version: str | None = None  # the version that served the call, fixed at dispatch
     adapter: tuple[str, str] | None = None  # LoRA: (adapter name, version) the logical model maps to
     started_ns: int = field(default_factory=time.time_ns)
+    translate: Any = None  # an Anthropic Messages call: rewrites the chat stream (core.anthropic_stream)
 
     @property
     def streaming(self) -> bool:
@@ -118,7 +119,8 @@ class CallSpans:
             attributes.update(accumulated.accumulator.attributes())
         name, kind = "ChatCompletion" if call.kind == "chat" else "Completion", trace.SpanKind.INTERNAL
         if self.gen_ai is not None:
-            name, kind = self._gen_ai_attributes(call, response, accumulated, error, attributes), trace.SpanKind.CLIENT
+            name = self._gen_ai_attributes(call.kind, self.gen_ai, call, response, accumulated, error, attributes)
+            kind = trace.SpanKind.CLIENT
         span = self.tracer.start_span(
             name, context=call.context, kind=kind, attributes=attributes, start_time=call.started_ns
         )
@@ -127,21 +129,28 @@ class CallSpans:
         span.end()
 
     def _gen_ai_attributes(
-        self, call: Call, response: Any, accumulated: SSEParser | None, error: str | None, attributes: dict
+        self,
+        endpoint: str,
+        shape: str,
+        call: Call,
+        response: Any,
+        accumulated: SSEParser | None,
+        error: str | None,
+        attributes: dict,
     ) -> str:
-        """Add the GenAI-convention attributes of the call to `attributes`; its span name."""
+        """Add the GenAI-convention attributes (`shape`) of the call to `endpoint` to `attributes`; its span name."""
         body = call.body if isinstance(call.body, dict) else {}
         hide_inputs, hide_outputs = self.config.hide_inputs, self.config.hide_outputs
-        attributes.update(gen_ai.request_attributes(call.kind, body, self.gen_ai, hide_inputs))
+        attributes.update(gen_ai.request_attributes(endpoint, body, shape, hide_inputs))
         counted: dict[str, Any] = {}
         if accumulated is not None and accumulated.streamed is not None:
             response, counted = accumulated.streamed.response(), accumulated.accumulator.token_counts()
         if isinstance(response, dict):
-            attributes.update(gen_ai.response_attributes(call.kind, response, self.gen_ai, hide_outputs))
+            attributes.update(gen_ai.response_attributes(endpoint, response, shape, hide_outputs))
             attributes.update(gen_ai.counted_usage({**counted, **attributes}))  # a stream's usage: from its ids
         if error:
             attributes.update(gen_ai.error_attributes(_error_type(error)))
-        return gen_ai.span_name(call.kind, body.get("model"))
+        return gen_ai.span_name(endpoint, body.get("model"))
 
 
 def _error_type(error: str) -> str:

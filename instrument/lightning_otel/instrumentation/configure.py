@@ -71,7 +71,12 @@ class _CountingExporter(OTLPSpanExporter):
 
     def _export_encoded(self, spans) -> SpanExportResult | None:
         client, limit = getattr(self, "_client", None), getattr(self, "_max_request_size", None)
-        if not hasattr(client, "export") or not isinstance(limit, int) or not hasattr(self, "_shutdown"):
+        if (
+            client is None
+            or not hasattr(client, "export")
+            or not isinstance(limit, int)
+            or not hasattr(self, "_shutdown")
+        ):
             sdk_fallbacks.missing(
                 "OTLPSpanExporter._client/_max_request_size/_shutdown", "spans are encoded by the SDK's exporter"
             )
@@ -106,7 +111,7 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
         # what BatchSpanProcessor.on_end does (its queue's emit() for sampled spans), counted, one call
         # shorter: this runs at the end of every model call
         batch = getattr(self, "_batch_processor", None)
-        if not hasattr(batch, "emit"):  # an SDK laid out differently: its own on_end
+        if batch is None or not hasattr(batch, "emit"):  # an SDK laid out differently: its own on_end
             sdk_fallbacks.missing("BatchSpanProcessor._batch_processor.emit", "the SDK's own on_end")
             if span.context and span.context.trace_flags.sampled:
                 self.queued += 1

@@ -27,7 +27,7 @@ from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, Synchron
 from opentelemetry.sdk.trace import Span as SDKSpan
 from opentelemetry.sdk.trace import Tracer as SDKTracer
 from opentelemetry.sdk.trace.sampling import DEFAULT_ON
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
 from lightning_otel.instrumentation import sdk_fallbacks
@@ -58,7 +58,7 @@ def start_span(tracer: Any, name: str, kind: SpanKind, attributes: dict[str, Any
     parent: SpanContext | None = trace.get_current_span(parent_context).get_span_context()
     is_enabled = getattr(tracer, "_is_enabled", None)
     if is_enabled is not None and not is_enabled():
-        return NonRecordingSpan(parent)
+        return NonRecordingSpan(parent if parent is not None else INVALID_SPAN_CONTEXT)
     if tracer.sampler is DEFAULT_ON and parent is not None and parent.is_valid:  # its answer is known without asking:
         trace_id, flags, trace_state, recording = _child_of(parent)  # follow the parent
         extra = None
@@ -230,6 +230,7 @@ class DirectSpan(trace.Span):
             log.warning("Calling end() on an ended span.")
             return
         self._end_time = end_time if end_time is not None else time_ns()
+        attributes: Mapping[str, Any]
         tracer, attributes = self._tracer, self._attributes
         limits = tracer._span_limits
         too_many = limits.max_span_attributes is not None and len(attributes) > limits.max_span_attributes

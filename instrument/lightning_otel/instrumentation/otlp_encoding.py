@@ -6,7 +6,7 @@ writes the same `ExportTraceServiceRequest` wire bytes directly, caching what re
 span (attribute keys, short values with their keys; the resource and scope are encoded once per
 batch): a fraction of that. It follows opentelemetry-exporter-otlp-proto-common's `encode_spans`
 field by field (grouping by resource and scope, span flags, status, dropped counts, an attribute it
-cannot encode logged and left out), and tests/test_otlp_encoding.py checks that the two write the
+cannot encode logged and left out), and tests/instrument/test_otlp_encoding.py checks that the two write the
 same bytes. Standard library only.
 
 Spans of the common shape (a plain attribute dict of scalar values, no events or links: every lean
@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 try:  # the compiled encoder of the common span shape (_otlp_span.c); this module stays the reference
     from lightning_otel.instrumentation import _otlp_span as _compiled
 except ImportError:  # built without a compiler: this module encodes every span
-    _compiled = None
+    _compiled = None  # type: ignore[assignment]  # None: not built or turned off, the Python encoder runs
 if os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") == "1":
-    _compiled = None
+    _compiled = None  # type: ignore[assignment]  # None: not built or turned off, the Python encoder runs
 
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _pack_double = struct.Struct("<d").pack
@@ -283,7 +283,8 @@ class _Group:
     __slots__ = ("resource", "scope", "parts", "size")
 
     def __init__(self, resource: Any, scope: Any) -> None:
-        self.resource, self.scope, self.parts, self.size = resource, scope, [], 0
+        self.resource, self.scope, self.size = resource, scope, 0
+        self.parts: list[bytes] = []
 
 
 def encode_request(spans: Sequence[Any]) -> bytes:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import context as context_api
 from opentelemetry import trace
@@ -57,7 +57,7 @@ class Rollout:
 
 def current_rollout() -> Rollout | None:
     """The rollout whose context we are in, or None."""
-    return context_api.get_value(_ROLLOUT_KEY)
+    return cast("Rollout | None", context_api.get_value(_ROLLOUT_KEY))  # only rollout() sets the key
 
 
 def _tracer() -> trace.Tracer:
@@ -68,7 +68,7 @@ class LightningSpanProcessor(SpanProcessor):
     """Stamps the rollout identity on every span started inside a rollout."""
 
     def on_start(self, span, parent_context=None) -> None:
-        current = context_api.get_value(_ROLLOUT_KEY, parent_context)
+        current = cast("Rollout | None", context_api.get_value(_ROLLOUT_KEY, parent_context))
         if current is not None:
             span.set_attributes(current._attributes)  # set_attributes copies
 

@@ -24,6 +24,7 @@ rollouts of its batch.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import shutil
@@ -59,6 +60,11 @@ def run_lock(state_dir: Path):
     finally:
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def checkpoint_version(checkpoint: Path | None) -> str:
+    """The version a committed checkpoint's weights are served as; "0" for the base weights (None)."""
+    return json.loads((checkpoint / "state.json").read_text())["version"] if checkpoint is not None else "0"
 
 
 class CheckpointStore:

@@ -13,7 +13,8 @@ from lightning_otel.core.otlp import SPANS_DESTINATION, traces_endpoint
 from lightning_otel.trainer.config import add_flags
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction, data_dir: str = "") -> None:
+    # data_dir: the signature every `lightning_otel.commands` entry point shares (cli.py); the store comes from the run's config
     p = sub.add_parser(
         "train",
         help="one scheduled training run: select, update, checkpoint, swap, exit",

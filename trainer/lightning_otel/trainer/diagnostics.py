@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 import pyarrow as pa
 from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 
 from lightning_otel.core import schema
 from lightning_otel.trainer.input_hygiene import MaskedCall
@@ -69,7 +70,7 @@ def publish(records: list[BoundaryRecord], tracer: trace.Tracer | None = None) -
     """One `merge_boundary` span per record, through the process's OpenTelemetry pipeline."""
     tracer = tracer or trace.get_tracer("lightning_otel.trainer")
     for record in records:
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             schema.MERGE_ROLLOUT: record.rollout_id,
             schema.MERGE_CHAIN: record.chain,
             schema.MERGE_PREV_SPAN: record.prev_span_id,
@@ -109,7 +110,7 @@ def publish_inputs(records: list[InputRecord], tracer: trace.Tracer | None = Non
     """One `input_diagnostic` span per record, through the process's OpenTelemetry pipeline."""
     tracer = tracer or trace.get_tracer("lightning_otel.trainer")
     for record in records:
-        attributes = {
+        attributes: dict[str, AttributeValue] = {
             schema.INPUT_ROLLOUT: record.rollout_id,
             schema.INPUT_CAUSE: record.cause,
             schema.INPUT_DETAIL: record.detail,

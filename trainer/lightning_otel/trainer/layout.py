@@ -117,7 +117,7 @@ def row_tensors(
     masked = any(row.masked for row in rows)
     mask = torch.zeros((len(rows), 1, width, width), dtype=torch.bool) if masked else None
     for r, row in enumerate(rows):
-        at, placed = 0, []  # placed[k] = (first column, length) of segment k
+        at, placed = 0, list[tuple[int, int]]()  # placed[k] = (first column, length) of segment k
         for segment in row.segments:
             sample = samples[segment.sample]
             n = segment.length
@@ -155,7 +155,8 @@ def row_tensors(
         if mask is not None:
             mask[r, 0, at:, at:] = torch.tril(torch.ones(width - at, width - at, dtype=torch.bool))
     out = {name: tensor.to(device) for name, tensor in t.items()}
-    out["mask"] = mask.to(device) if mask is not None else None
+    if mask is not None:  # absent: plain causal attention
+        out["mask"] = mask.to(device)
     return out
 
 
@@ -163,7 +164,7 @@ def scored_logprobs(model: torch.nn.Module, t: dict[str, torch.Tensor], with_ent
     """log p(token at each position | what it attends to), scored from `source` positions (0 where
     there is none), and optionally the entropy of each scoring distribution (no gradient).
     use_cache=False matters: with a cache object transformers skips packed-sequence masks."""
-    kwargs = {"attention_mask": t["mask"]} if t["mask"] is not None else {}
+    kwargs = {"attention_mask": t["mask"]} if "mask" in t else {}
     logits = model(input_ids=t["input_ids"], position_ids=t["position_ids"], use_cache=False, **kwargs).logits.float()
     source = t["source"].clamp(min=0)
     scoring = torch.log_softmax(logits.gather(1, source[:, :, None].expand(-1, -1, logits.size(-1))), dim=-1)

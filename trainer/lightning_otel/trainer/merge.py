@@ -1,6 +1,6 @@
 """Turn a chain of LLM calls into training samples, merging calls only where exact.
 
-The rule (pure, pinned by tests/test_merge.py): call k+1 joins the current sample exactly when
+The rule (pure, pinned by tests/trainer/test_merge.py): call k+1 joins the current sample exactly when
 its prompt token ids start with call k's prompt + completion ids, the sequence the model saw and
 produced. The tokens between (tool output, the next user turn, chat-template tokens) get loss
 mask 0, the new completion mask 1. Otherwise the call starts a new sample, and the boundary

@@ -52,6 +52,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 ADVANTAGE_LEVELS = ("rollout", "sample")
 NORMALIZATIONS = ("rollout", "sample", "batch_token", "fixed_length")
@@ -94,16 +95,16 @@ def group_advantages_with_report(
 
 
 def token_weights(
-    masks: Sequence[Sequence[int]],
+    masks: Sequence[ArrayLike],
     rollout_of_sample: Sequence[int],
     normalization: str = "rollout",
     fixed_length: int | None = None,
 ) -> list[np.ndarray]:
     """Per-token loss weights for every sample (see the module docstring); they sum to 1 except
     for fixed_length, whose sum is T / (S * L). ValueError when no token is generated."""
-    masks = [np.asarray(mask, dtype=np.float64) for mask in masks]
-    tokens = [mask.sum() for mask in masks]
-    n_samples = len(masks)
+    arrays = [np.asarray(mask, dtype=np.float64) for mask in masks]
+    tokens = [float(mask.sum()) for mask in arrays]
+    n_samples = len(arrays)
     if sum(tokens) == 0:
         raise ValueError(f"no generated token to train on in {n_samples} sample(s): every token is masked")
     if normalization == "rollout":
@@ -122,7 +123,7 @@ def token_weights(
         scales = [1.0 / (n_samples * fixed_length)] * n_samples
     else:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    return [mask * scale for mask, scale in zip(masks, scales)]
+    return [mask * scale for mask, scale in zip(arrays, scales)]
 
 
 def rollout_token_weights(masks: Sequence[Sequence[int]], rollout_of_sample: Sequence[int]) -> list[np.ndarray]:

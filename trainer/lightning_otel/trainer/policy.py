@@ -1,12 +1,15 @@
 """The trainable policy: the model (full weights, or LoRA adapters), its optimizer, an optional frozen
-reference for the KL term, and its checkpoints. `train_on` is one update (training_run.py's steps
-3-5: build the batch, the objective's loss, one optimizer step); the algorithm is stated once, in
-training_run.py (the run) and objective.py (the math)."""
+reference for the KL term, and its checkpoints. Where those tensors live (one process, or FSDP shards
+across torchrun ranks) is one placement.py object's business; here is what the policy does with them.
+`train_on` is one update (training_run.py's steps 2-3: build the batch, the objective's loss, one
+optimizer step); the algorithm is stated once, in training_run.py (the run) and objective.py (the math)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,22 +17,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-import torch.distributed as dist
-from transformers import AutoModelForCausalLM
 
-from lightning_otel.trainer.checkpoints import CheckpointStore
+from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, checkpoint_version
+from lightning_otel.trainer.config import ModelSection
 from lightning_otel.trainer.fault_isolation import update_isolating_faults
 from lightning_otel.trainer.hotswap import SwapReport, VLLMAdmin, hot_swap
+from lightning_otel.trainer.placement import Placement, place_policy
 from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, select_rollouts
-from lightning_otel.trainer.sharding import (
-    SHARDED_OPTIMIZER,
-    check_options,
-    full_state_dict,
-    load_optimizer,
-    non_finite_parameters,
-    save_sharded_optimizer,
-    shard_model,
-)
 from lightning_otel.trainer.update import Batch, UpdateConfig, build_batch, learning_rate_at
 
 
@@ -48,7 +42,8 @@ class StepResult:
 
 class PolicyTrainer:
     """The trainable model (full weights, or LoRA adapters with `lora`), its optimizer, an optional
-    frozen reference for the KL term; checkpoints go to a CheckpointStore under `workdir`."""
+    frozen reference for the KL term (all three held by a placement.py placement: one process, or FSDP
+    shards); checkpoints go to a CheckpointStore under `workdir`."""
 
     def __init__(
         self,
@@ -62,29 +57,69 @@ class PolicyTrainer:
         gradient_checkpointing: bool = False,
     ):
         self.config = config or UpdateConfig()
-        check_options(self.config.sharding, self.config.mixed_precision)
-        self.sharded = self.config.sharding == "fsdp"
-        if self.sharded and lora is not None:
-            raise ValueError("[update] sharding = 'fsdp' trains full weights: LoRA with FSDP is not supported")
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        # Sharded, the model is loaded on CPU and each rank moves only its shards to the device.
-        self.model = self._place(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype), device)
-        self.reference = None
-        if self.config.kl_coef:
-            reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).requires_grad_(False)
-            self.reference = self._place(reference, device).eval()
-        if gradient_checkpointing or self.config.activation_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        if lora is not None:
-            from peft import get_peft_model
-
-            self.model = get_peft_model(self.model, lora)
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=self.config.learning_rate, weight_decay=0.0)
+        self.placement: Placement = place_policy(
+            model_dir,
+            sharding=self.config.sharding,
+            mixed_precision=self.config.mixed_precision,
+            dtype=dtype,
+            device=device,
+            learning_rate=self.config.learning_rate,
+            with_reference=bool(self.config.kl_coef),
+            checkpointing=gradient_checkpointing or self.config.activation_checkpointing,
+            lora=lora,
+        )
         self.store = CheckpointStore(Path(workdir))
         self.keep = keep
         self.version = 0
         self.serving_dir = Path(model_dir)  # the weights the server serves now: the rollback target
+
+    @classmethod
+    def resume(
+        cls, model: ModelSection, update: UpdateConfig, workdir: str | Path, latest: Path | None, device: str | None
+    ) -> PolicyTrainer:
+        """The scheduled job's trainer: `[model]`'s base weights, or those of the `latest` committed
+        checkpoint with its optimizer and step. Refuses a model holding a NaN or an infinity: every loss
+        would be NaN and every batch excluded as "at fault"."""
+        lora = None
+        if model.lora_rank:
+            from peft import LoraConfig
+
+            lora = LoraConfig(
+                r=model.lora_rank,
+                lora_alpha=model.lora_alpha,
+                init_lora_weights=True,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+            )
+        # LoRA checkpoints hold the adapter only: the base weights are always [model] base's.
+        model_dir = latest / "model" if latest is not None and not model.lora_rank else Path(model.base)
+        trainer = cls(model_dir, workdir, update, lora=lora, device=device, dtype=getattr(torch, model.dtype))
+        if latest is not None:
+            trainer.placement.restore(latest)
+            trainer.version = int(checkpoint_version(latest))
+        if trainer.non_finite_parameters():
+            raise JobFailed(f"the model loaded from {latest or model_dir} holds non-finite weights")
+        return trainer
+
+    @property
+    def sharded(self) -> bool:
+        return self.placement.sharded
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.placement.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.placement.optimizer
+
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        return self.placement.reference
+
+    @reference.setter
+    def reference(self, model: torch.nn.Module | None) -> None:
+        """Another frozen reference than the starting weights (placed as the policy is)."""
+        self.placement.reference = model
 
     def step(
         self,
@@ -97,9 +132,6 @@ class PolicyTrainer:
         if not selection.rollouts:
             raise ValueError(f"no trainable rollouts for WHERE {where!r}; excluded: {selection.excluded}")
         return self.train_on(selection, max_staleness)
-
-    def _place(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-        return shard_model(model, device, self.config.mixed_precision) if self.sharded else model.to(device)
 
     def train_on(self, selection: Selection, max_staleness: int | None = None, progress: bool = False) -> StepResult:
         """Steps 3-5 on rollouts already selected (e.g. built in memory). Rollouts whose gradient is not
@@ -118,63 +150,50 @@ class PolicyTrainer:
         self.version += 1
         return StepResult(trained, batch, metrics, at_fault)
 
-    def write_checkpoint(self, folder: Path, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> None:
-        """One checkpoint's files: `model/` (LoRA merged in) or, with `adapter_only`, `adapter/` (for
-        LoRA swaps); `optimizer.pt`; `state.json`; `rollouts.parquet` (the rollouts this step trained on).
-        Sharded, every rank calls it (sharding.py): rank 0 writes `model/` from the gathered weights,
-        every rank its part of `optimizer/`, rank 0 the rest."""
-        if self.sharded:
-            weights = full_state_dict(self.model)  # every rank takes part; rank 0 gets the tensors
-            if dist.get_rank() == 0:
-                self.model.save_pretrained(folder / "model", state_dict=weights, safe_serialization=True)
-            del weights
-            save_sharded_optimizer(self.model, self.optimizer, folder / SHARDED_OPTIMIZER)
-            if dist.get_rank() == 0:
-                self._write_state(folder, rollout_ids)
-            return
-        if adapter_only:
-            self.model.save_pretrained(folder / "adapter", safe_serialization=True)
-        else:
-            model = self.model
-            if hasattr(model, "merge_and_unload"):  # LoRA: a full-weight swap needs the merged weights
-                import copy
-
-                model = copy.deepcopy(model).merge_and_unload()
-            model.save_pretrained(folder / "model", safe_serialization=True)
-        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
-        self._write_state(folder, rollout_ids)
-
-    def _write_state(self, folder: Path, rollout_ids: list[str] | None) -> None:
-        ids = list(rollout_ids or [])
-        pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), folder / "rollouts.parquet")
-        state = {"step": self.version, "version": str(self.version), "rollouts": len(ids), "created": time.time()}
-        (folder / "state.json").write_text(json.dumps(state))
-
     def commit(self, store: CheckpointStore, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> Path:
-        """Write this version's checkpoint and commit it through `store`; returns the committed folder.
-        Sharded, every rank calls it: all write into rank 0's temporary folder, rank 0 alone renames it
-        (once every rank's files are written), so the commit stays a single rename."""
-        if not self.sharded:
-            return store.commit(self.version, lambda tmp: self.write_checkpoint(tmp, rollout_ids, adapter_only))
-        lead = dist.get_rank() == 0
-        tmp = _from_rank0(store.begin(self.version) if lead else None)
-        self.write_checkpoint(tmp, rollout_ids, adapter_only)
-        dist.barrier()  # every rank's optimizer shard is on disk
-        return _from_rank0(store.finish(self.version, tmp) if lead else None)
+        """Commit this version's checkpoint through `store`; returns the committed folder. It holds
+        `model/` (LoRA merged in) or, with `adapter_only`, `adapter/` (for LoRA swaps); the optimizer;
+        `state.json`; `rollouts.parquet` (the rollouts this step trained on): renamed into place
+        together, the commit of exactly-once. Sharded, every rank calls it.
+
+        Weights holding a NaN or an infinity are never committed (JobFailed): with finite gradients
+        that is the configuration's doing (an overflowing step), not the rollouts'."""
+        poisoned = self.non_finite_parameters()
+        if poisoned:
+            raise JobFailed(
+                f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
+                "nothing committed or swapped (check [update] learning_rate and [model] dtype)"
+            )
+        ids = list(rollout_ids or [])
+
+        def write_state(folder: Path) -> None:
+            pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), folder / "rollouts.parquet")
+            state = {"step": self.version, "version": str(self.version), "rollouts": len(ids), "created": time.time()}
+            (folder / "state.json").write_text(json.dumps(state))
+
+        return self.placement.commit(store, self.version, write_state, adapter_only)
 
     def load_optimizer(self, checkpoint: Path) -> None:
-        """The optimizer state of a committed checkpoint, sharded or not (sharding.load_optimizer)."""
-        load_optimizer(self.model, self.optimizer, checkpoint)
+        """The optimizer state of a committed checkpoint, sharded or not."""
+        self.placement.load_optimizer(checkpoint)
 
     def non_finite_parameters(self) -> list[str]:
         """Names of parameters holding a NaN or an infinity (sharded: every rank calls it)."""
-        return non_finite_parameters(self.model)
+        return self.placement.non_finite_parameters()
+
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """The model's logprobs on `token_ids` (a probe's reference; sharded: every rank calls it)."""
+        return self.placement.prompt_logprobs(token_ids)
+
+    def share(self, value):
+        """Rank 0's `value` on every rank that holds part of the model (unsharded: `value`)."""
+        return self.placement.share(value)
 
     def save_weights(self) -> Path:
         """Commit the current weights as this version's checkpoint (keeping the newest `keep`); returns
         its model folder, which vLLM loads. Sharded, every rank calls it."""
         checkpoint = self.commit(self.store)
-        if not self.sharded or dist.get_rank() == 0:
+        if self.placement.lead:
             self.store.retire(self.keep)
         return checkpoint / "model"
 
@@ -186,7 +205,10 @@ class PolicyTrainer:
         return report
 
 
-def _from_rank0(value):
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+@functools.lru_cache(maxsize=1)
+def policy_tokenizer(model_dir: str):
+    """The policy's tokenizer, loaded once per process (the probe, selection's rebuilt calls and the
+    merge diagnosis share it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)

@@ -14,6 +14,7 @@ any other part type leaves the call unrebuilt), with gen_ai.tool.definitions as 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ def _tool_call(part: dict) -> dict:
             arguments = json.loads(arguments)
         except ValueError:
             pass
-    function = {"name": part.get("name"), "arguments": arguments if arguments is not None else {}}
+    function: dict[str, Any] = {"name": part.get("name"), "arguments": arguments if arguments is not None else {}}
     return {"id": part.get("id"), "type": "function", "function": function}
 
 

@@ -15,14 +15,18 @@ objective.py holds the math (advantages, the clipped surrogate, the token weight
     fault are found (fault_isolation.py) and the step is made without them.
  4. Checkpoint (checkpoints.py): model or adapter, optimizer, step and the rollout ids it trained on,
     renamed into place together: the commit of exactly-once.
- 5. Swap: every replica (through the gateway when there is one) loads it, validated and finite,
-    with rollback.
+ 5. Swap (replicas.py): every replica (through the gateway when there is one) loads it, validated
+    and finite, with rollback.
  6. Probe: each replica's logprobs on a fixed prompt must match the trainer's; else the servers go
     back to the previous checkpoint and this one is rejected (its rollouts return to the pool).
 
 Around them: the lock, recovery of what a crash left, a catch-up swap when the servers do not serve
 the latest commit, retention, and a report (train_step, merge and input diagnostic spans).
 `on_stage(name)`, if given, is called as each stage ends.
+
+The run talks to two objects, one call per stage: the PolicyTrainer (policy.py; where its tensors
+live, one process or FSDP shards, is its placement.py placement's business) and the Replicas
+(replicas.py: the servers, through the gateway or direct). Each gets its configuration sections once.
 
 Poison is never committed: rollouts no run can train on go to the excluded ledger as soon as they
 are found; when a step's loss or gradient is not finite, the rollouts at fault are found by
@@ -41,11 +45,7 @@ alone renames) and in the probe's forward pass; rank 0 alone swaps and compares.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
-import logging
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,25 +58,110 @@ from lightning_otel.core import schema
 from lightning_otel.trainer.checkpoints import CheckpointStore, JobFailed, run_lock
 from lightning_otel.trainer.config import TrainConfig
 from lightning_otel.trainer.diagnostics import InputRecord, diagnose, input_records, publish, publish_inputs
-from lightning_otel.trainer.hotswap import model_prompt_logprobs, probe, served_versions, swap_to
-from lightning_otel.trainer.policy import PolicyTrainer, StepResult
-from lightning_otel.trainer.rollout_data import SelectionConfig, exclusion_cause, select_rollouts
+from lightning_otel.trainer.policy import PolicyTrainer, StepResult, policy_tokenizer
+from lightning_otel.trainer.replicas import Replicas
+from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, exclusion_cause, select_rollouts
 from lightning_otel.trainer.run_summary import RunSummary, Stages
 from lightning_otel.trainer.update import NonFiniteUpdate, UntrainableBatch
 
-log = logging.getLogger(__name__)
-PROBE_TEXT = "What is 2 + 3? Answer with the number."
+
+def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[str], None] | None = None) -> RunSummary:
+    """One scheduled run; `progress` prints stages and a micro-batch progress bar on stderr."""
+    rank, device = _distributed(sharded=_check_options(config))
+    lead = rank == 0
+    progress = progress and lead
+    state_dir = Path(config.checkpoints.dir)
+    summary = RunSummary("nothing to do")
+    stages = Stages(summary, progress, on_stage)
+    with run_lock(state_dir) if lead else contextlib.nullcontext():
+        store = CheckpointStore(state_dir)
+        replicas = Replicas(config.server, config.model, lead)
+        with stages("load model"):
+            if lead:
+                store.recover()
+            latest = _everyone(rank, store.latest())
+            previous = store.committed()[-2] if lead and len(store.committed()) > 1 else None
+            trainer = PolicyTrainer.resume(config.model, config.update, state_dir, latest, device)
+        if replicas.behind(latest, trainer):  # a crash after a commit, before its swap
+            with stages("catch-up swap"):
+                replicas.swap_in(trainer, latest, rollback=previous)
+        if lead:
+            store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
+
+        selection, inputs = None, []
+        if lead:
+            with stages("select rollouts"):
+                selection = _select(config, store)
+            inputs = _exclude_for_good(store, selection)
+        selection = _everyone(rank, selection)
+        summary.excluded = dict(selection.excluded)
+        if len(selection.rollouts) < config.selection.min_rollouts:
+            if lead and inputs:
+                _report(config, inputs)
+            return summary
+
+        try:
+            with stages("update"):
+                result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
+        except UntrainableBatch as failed:  # nothing stepped: exclude the rollouts at fault, commit nothing
+            summary.status = f"skipped: {failed.headline}"
+            inputs = _exclude_at_fault(store if lead else None, summary, failed.cause, failed.reasons, inputs)
+            if lead:
+                _report(config, inputs)
+            return summary
+        # The step trained on the others: those at fault are excluded for good, before the commit.
+        inputs = _exclude_at_fault(store if lead else None, summary, NonFiniteUpdate.cause, result.at_fault, inputs)
+        if not lead and not trainer.sharded:
+            dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
+            summary.status = "trained (worker)"
+            return summary
+        try:  # sharded, every rank takes part: the weights are gathered, the optimizer written by all
+            with stages("checkpoint"):
+                rollout_ids = [r.rollout_id for r in result.selection.rollouts]
+                checkpoint = trainer.commit(store, rollout_ids, adapter_only=config.model.lora_rank > 0)
+            try:
+                with stages("swap + probe"):
+                    swap_seconds = replicas.swap_in(trainer, checkpoint, rollback=latest)
+            except Exception as failure:
+                if not lead:
+                    raise
+                store.reject(checkpoint)  # forget this step: its rollouts return to the pool
+                raise replicas.roll_back(str(trainer.version), latest, failure) from failure
+        except JobFailed:
+            if inputs:  # what this run excluded is in the ledger: say so in SQL too
+                _report(config, inputs)
+            raise
+        finally:
+            if dist.is_initialized():
+                dist.barrier()
+        if not lead:
+            summary.status = "trained (worker)"
+            return summary
+        store.retire(config.checkpoints.keep)
+        _report(config, inputs, (trainer, result, swap_seconds))
+        summary.status, summary.step, summary.version = "trained", trainer.version, str(trainer.version)
+        summary.rollouts, summary.samples = len(result.selection.rollouts), len(result.batch.samples)
+        summary.samples_histogram = result.batch.samples_per_rollout_histogram()
+        summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
+        summary.swap_seconds = swap_seconds
+        return summary
 
 
-def _weights(checkpoint: Path | None, config: TrainConfig) -> Path:
-    """What a server swaps in for this checkpoint: merged model weights, or the LoRA adapter."""
-    if checkpoint is None:
-        return Path(config.model.base)
-    return checkpoint / ("adapter" if config.model.lora_rank else "model")
-
-
-def _version(checkpoint: Path | None) -> str:
-    return json.loads((checkpoint / "state.json").read_text())["version"] if checkpoint is not None else "0"
+def _check_options(config: TrainConfig) -> bool:
+    """ValueError for option combinations no path implements; returns whether the model is sharded."""
+    if config.server.weight_push not in ("files", "nccl"):
+        raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
+    if config.server.weight_push == "nccl" and (config.server.gateway or config.model.lora_rank):
+        raise ValueError(
+            "[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA"
+        )
+    sharded = config.update.sharding == "fsdp"
+    if sharded and (config.model.lora_rank or config.server.weight_push != "files"):
+        raise ValueError(
+            "[update] sharding = 'fsdp' trains full weights and swaps them as files: not with [model] lora_rank "
+            "or [server] weight_push = 'nccl'"
+        )
+    return sharded
 
 
 def _distributed(sharded: bool = False) -> tuple[int, str | None]:
@@ -103,59 +188,49 @@ def _everyone(rank: int, value):
     return box[0]
 
 
-def _load_trainer(config: TrainConfig, latest: Path | None, device: str | None = None) -> PolicyTrainer:
-    lora = None
-    if config.model.lora_rank:
-        from peft import LoraConfig
-
-        lora = LoraConfig(
-            r=config.model.lora_rank,
-            lora_alpha=config.model.lora_alpha,
-            init_lora_weights=True,
-            target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        )
-    model_dir = latest / "model" if latest is not None and not config.model.lora_rank else Path(config.model.base)
-    trainer = PolicyTrainer(
-        model_dir,
-        config.checkpoints.dir,
-        config.update,
-        lora=lora,
-        device=device,
-        dtype=getattr(torch, config.model.dtype),
+def _select(config: TrainConfig, store: CheckpointStore) -> Selection:
+    """Step 1: the rewarded rollouts quiet for `min_age_s` that no committed step trained on and no
+    run excluded."""
+    conn = connect(config.store.data_dir)
+    conn.register("lightning_trained", store.untrainable_ids())
+    wanted = SelectionConfig(
+        where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
+        reward=config.selection.reward,
+        limit=config.selection.max_rollouts,
+        exclude="lightning_trained",
+        only_rewarded=True,
+        allow_reconstructed=config.selection.allow_reconstructed,
+        max_abs_reward=config.selection.max_abs_reward,
+        tokenizer=policy_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
     )
-    if latest is not None:
-        if config.model.lora_rank:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            set_peft_model_state_dict(trainer.model, load_file(str(latest / "adapter" / "adapter_model.safetensors")))
-        trainer.load_optimizer(latest)
-        trainer.version = int(_version(latest))
-    if trainer.non_finite_parameters():
-        # Every loss would be NaN and every batch excluded as "at fault": refuse the model instead.
-        raise JobFailed(f"the model loaded from {latest or model_dir} holds non-finite weights")
-    return trainer
+    # the collector compacts and deletes files as we read: a file listed then gone is read again
+    return retry_vanished_files(lambda: select_rollouts(conn, config=wanted))
 
 
-@functools.lru_cache(maxsize=1)
-def _tokenizer(model_dir: str):
-    """The policy's tokenizer, loaded once per run (probes and the merge diagnosis share it)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir)
-
-
-def _probe_ids(config: TrainConfig) -> list[int]:
-    tokenizer = _tokenizer(config.model.base)
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROBE_TEXT}], add_generation_prompt=True, tokenize=False
-    )
-    return tokenizer.encode(text, add_special_tokens=False)
+def _exclude_for_good(store: CheckpointStore, selection: Selection) -> list[InputRecord]:
+    """Selection's exclusions into the excluded ledger, so no later run selects them again (a missing
+    reward may still come: not those); returns their input diagnostics."""
+    exclusions = {
+        rid: (exclusion_cause(reason), reason)
+        for rid, reason in selection.excluded.items()
+        if exclusion_cause(reason) != "no_reward"
+    }
+    store.exclude(exclusions)
+    return input_records([], exclusions)
 
 
-def _probe_expected(config: TrainConfig, trainer: PolicyTrainer) -> list[float]:
-    """The trainer's logprobs on the probe prompt (sharded: every rank calls it, the forward is collective)."""
-    return model_prompt_logprobs(trainer.model, _probe_ids(config))
+def _exclude_at_fault(
+    store: CheckpointStore | None, summary: RunSummary, cause: str, reasons: dict[str, str], inputs: list
+) -> list[InputRecord]:
+    """Rollouts at fault (id -> reason) into the summary and, on rank 0 (`store`), the excluded
+    ledger; returns `inputs` with their input diagnostics added."""
+    summary.at_fault = list(reasons)
+    summary.excluded.update(reasons)
+    if store is None or not reasons:
+        return inputs
+    exclusions = {rid: (cause, reason) for rid, reason in reasons.items()}
+    store.exclude(exclusions)
+    return inputs + input_records([], exclusions)
 
 
 def _report(
@@ -175,7 +250,7 @@ def _report(
 
 def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: StepResult, swap_seconds: float) -> None:
     # The tokenizer lets the diagnosis name text-level causes (retokenized, completion_rewritten).
-    records = diagnose(result.batch, _tokenizer(config.model.base))
+    records = diagnose(result.batch, policy_tokenizer(config.model.base))
     metrics = result.metrics
     attributes = {
         schema.TRAIN_STEP: trainer.version,
@@ -197,179 +272,3 @@ def _report_step(tracer, config: TrainConfig, trainer: PolicyTrainer, result: St
     tracer.start_span(schema.SPAN_TRAIN_STEP, attributes=attributes).end()
     publish(records, tracer)
     publish_inputs(input_records(result.batch.masked_calls, {}), tracer)
-
-
-def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[str], None] | None = None) -> RunSummary:
-    """One scheduled run; `progress` prints stages and a micro-batch progress bar on stderr."""
-    if config.server.weight_push not in ("files", "nccl"):
-        raise ValueError(f"[server] weight_push must be 'files' or 'nccl', not {config.server.weight_push!r}")
-    if config.server.weight_push == "nccl" and (config.server.gateway or config.model.lora_rank):
-        raise ValueError(
-            "[server] weight_push = 'nccl' pushes full weights to the replicas directly: no gateway, no LoRA"
-        )
-    sharded = config.update.sharding == "fsdp"
-    if sharded and (config.model.lora_rank or config.server.weight_push != "files"):
-        raise ValueError(
-            "[update] sharding = 'fsdp' trains full weights and swaps them as files: not with [model] lora_rank "
-            "or [server] weight_push = 'nccl'"
-        )
-    rank, device = _distributed(sharded)
-    lead = rank == 0
-    progress = progress and lead
-    state_dir = Path(config.checkpoints.dir)
-    summary = RunSummary("nothing to do")
-    stages = Stages(summary, progress, on_stage)
-    with run_lock(state_dir) if lead else contextlib.nullcontext():
-        store = CheckpointStore(state_dir)
-        with stages("load model"):
-            if lead:
-                store.recover()
-            latest = _everyone(rank, store.latest())
-            previous = store.committed()[-2] if lead and len(store.committed()) > 1 else None
-            trainer = _load_trainer(config, latest, device)
-        catch_up = lead and latest is not None and served_versions(config) != {_version(latest)}
-        if _everyone(rank, catch_up) if trainer.sharded else catch_up:  # a crash after a commit
-            log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)
-            with stages("catch-up swap"):
-                expected = _probe_expected(config, trainer)
-                if lead:
-                    swap_to(config, _weights(latest, config), _version(latest), _weights(previous, config))
-                    probe(config, _probe_ids(config), expected, _version(latest))
-        if lead:
-            store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
-
-        selection, inputs = None, []
-        if lead:
-            with stages("select rollouts"):
-                conn = connect(config.store.data_dir)
-                conn.register("lightning_trained", store.untrainable_ids())
-                wanted = SelectionConfig(
-                    where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
-                    reward=config.selection.reward,
-                    limit=config.selection.max_rollouts,
-                    exclude="lightning_trained",
-                    only_rewarded=True,
-                    allow_reconstructed=config.selection.allow_reconstructed,
-                    max_abs_reward=config.selection.max_abs_reward,
-                    tokenizer=_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
-                )
-                # the collector compacts and deletes files as we read: a file listed then gone is read again
-                selection = retry_vanished_files(lambda: select_rollouts(conn, config=wanted))
-            # Excluded for good, so no later run selects them again (a missing reward may still come).
-            exclusions = {
-                rid: (exclusion_cause(reason), reason)
-                for rid, reason in selection.excluded.items()
-                if exclusion_cause(reason) != "no_reward"
-            }
-            store.exclude(exclusions)
-            inputs = input_records([], exclusions)
-        selection = _everyone(rank, selection)
-        summary.excluded = dict(selection.excluded)
-        if len(selection.rollouts) < config.selection.min_rollouts:
-            if lead and inputs:
-                _report(config, inputs)
-            return summary
-
-        try:
-            with stages("update"):
-                result = trainer.train_on(selection, config.selection.max_staleness, progress=progress)
-        except UntrainableBatch as failed:  # nothing stepped: exclude the rollouts at fault, commit nothing
-            summary.status = f"skipped: {failed.headline}"
-            inputs = _exclude_at_fault(store if lead else None, summary, failed.cause, failed.reasons, inputs)
-            if lead:
-                _report(config, inputs)
-            return summary
-        # The step trained on the others: those at fault are excluded for good, before the commit.
-        inputs = _exclude_at_fault(store if lead else None, summary, NonFiniteUpdate.cause, result.at_fault, inputs)
-        if not lead and not trainer.sharded:
-            dist.barrier()  # wait for rank 0's checkpoint and swap, so torchrun reports one outcome
-            summary.status = "trained (worker)"
-            return summary
-        try:  # sharded, every rank takes part: the weights are gathered, the optimizer written by all
-            _commit_and_swap(config, store, trainer, result, latest, summary, stages, inputs, lead)
-        except JobFailed:
-            if inputs:  # what this run excluded is in the ledger: say so in SQL too
-                _report(config, inputs)
-            raise
-        finally:
-            if dist.is_initialized():
-                dist.barrier()
-        if not lead:
-            summary.status = "trained (worker)"
-            return summary
-        summary.rollouts, summary.samples = len(result.selection.rollouts), len(result.batch.samples)
-        summary.samples_histogram = result.batch.samples_per_rollout_histogram()
-        summary.mean_reward, summary.loss = result.mean_reward, result.metrics["loss"]
-        return summary
-
-
-def _exclude_at_fault(
-    store: CheckpointStore | None, summary: RunSummary, cause: str, reasons: dict[str, str], inputs: list
-) -> list[InputRecord]:
-    """Rollouts at fault (id -> reason) into the summary and, on rank 0 (`store`), the excluded
-    ledger; returns `inputs` with their input diagnostics added."""
-    summary.at_fault = list(reasons)
-    summary.excluded.update(reasons)
-    if store is None or not reasons:
-        return inputs
-    exclusions = {rid: (cause, reason) for rid, reason in reasons.items()}
-    store.exclude(exclusions)
-    return inputs + input_records([], exclusions)
-
-
-def _commit_and_swap(
-    config: TrainConfig,
-    store: CheckpointStore,
-    trainer: PolicyTrainer,
-    result: StepResult,
-    latest: Path | None,
-    summary: RunSummary,
-    stages: Stages,
-    inputs: list[InputRecord],
-    lead: bool = True,
-) -> None:
-    """Commit the step (model, optimizer, its rollout ids), swap it in, probe, retire, report: rank 0,
-    and when sharded every rank up to the commit and the probe's forward pass."""
-    poisoned = trainer.non_finite_parameters()
-    if poisoned:  # finite gradients, yet the step overflowed: the configuration, not the rollouts
-        raise JobFailed(
-            f"the step left non-finite weights in {len(poisoned)} tensor(s), e.g. {poisoned[0]}: "
-            "nothing committed or swapped (check [update] learning_rate and [model] dtype)"
-        )
-    with stages("checkpoint"):
-        rollout_ids = [r.rollout_id for r in result.selection.rollouts]
-        checkpoint = trainer.commit(store, rollout_ids, adapter_only=config.model.lora_rank > 0)
-    version = str(trainer.version)
-    expected = _probe_expected(config, trainer)
-    if not lead:
-        return
-    try:
-        with stages("swap + probe"):
-            if config.server.weight_push == "nccl":
-                from lightning_otel.trainer.nccl_push import push_weights
-
-                began = time.perf_counter()
-                for replica in config.server.replicas:
-                    push_weights(replica, trainer.model, version)
-                swap_seconds = time.perf_counter() - began
-            else:
-                swap_seconds = swap_to(config, _weights(checkpoint, config), version, _weights(latest, config))
-            probe(config, _probe_ids(config), expected, version)
-    except Exception as failure:
-        # Put the previous weights back, forget this step: its rollouts return to the pool.
-        store.reject(checkpoint)
-        try:
-            swap_to(config, _weights(latest, config), _version(latest), _weights(latest, config))
-        except Exception as rollback_failure:
-            raise JobFailed(
-                f"{failure}; and restoring version {_version(latest)} failed: {rollback_failure}"
-            ) from failure
-        raise JobFailed(f"{failure}; servers restored to version {_version(latest)}") from failure
-    store.retire(config.checkpoints.keep)
-    _report(config, inputs, (trainer, result, swap_seconds))
-    summary.status, summary.step, summary.version, summary.swap_seconds = (
-        "trained",
-        trainer.version,
-        version,
-        swap_seconds,
-    )

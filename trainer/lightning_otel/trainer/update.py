@@ -159,7 +159,7 @@ def build_batch(
                     if max_staleness is not None and current_version is not None
                     else None
                 )
-                if age is not None and age > max_staleness:
+                if age is not None and max_staleness is not None and age > max_staleness:
                     stale += 1
                     continue
                 samples.append(sample)
@@ -299,8 +299,8 @@ def _accumulate(
         chunks = tqdm(chunks, desc="update", unit="micro-batch", leave=False)
     for chunk in chunks:
         padding = chunk is None  # a sharded rank's extra pass: a real row, no weight, no metric
-        chunk = [min(rows, key=lambda row: row.length)] if padding else chunk
-        t = row_tensors(batch.samples, batch.token_weights, batch.advantages, chunk, device)
+        chunk_rows = [min(rows, key=lambda row: row.length)] if chunk is None else chunk
+        t = row_tensors(batch.samples, batch.token_weights, batch.advantages, chunk_rows, device)
         if padding:
             t["weights"] = torch.zeros_like(t["weights"])
         logprobs, entropy = scored_logprobs(model, t, with_entropy=True)
@@ -339,7 +339,7 @@ def _accumulate(
                 (kl.detach() * generated).sum().item(),
                 generated.sum().item(),
                 t["input_ids"].numel(),
-                sum(row.length for row in chunk),
+                sum(row.length for row in chunk_rows),
             ],
             dtype=torch.float64,
         )

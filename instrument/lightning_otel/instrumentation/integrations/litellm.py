@@ -75,7 +75,7 @@ def _record_stream(stream: Any, kwargs: dict) -> None:
     parse = getattr(raw, "chunk_parser", None)
     if not span.is_recording():
         return
-    if parse is None:
+    if parse is None or raw is None:
         if not _warned:
             _warned = True
             log.warning(

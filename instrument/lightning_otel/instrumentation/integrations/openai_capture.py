@@ -12,6 +12,7 @@ Imported only once the SDK is (openai_sdk.enable()).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import weakref
 from collections.abc import Callable
@@ -215,8 +216,7 @@ def capture_sync_wrapper(original, capture: str):
         response = original(self, *args, **kwargs)
         return _record(response, kind, base_url, trace.get_current_span()) if kind else response
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only
 
 
 def capture_async_wrapper(original, capture: str):
@@ -226,11 +226,10 @@ def capture_async_wrapper(original, capture: str):
         response = await original(self, *args, **kwargs)
         return _record(response, kind, base_url, trace.get_current_span()) if kind else response
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only
 
 
-def sdk_response_class() -> type | None:
+def sdk_response_class() -> Any:
     """The HTTP response class whose json() the SDK calls (httpx's, or httpx2's in newer SDKs)."""
     from openai import _base_client
 

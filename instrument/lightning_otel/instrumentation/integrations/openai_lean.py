@@ -18,10 +18,11 @@ this context.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from time import monotonic, time_ns
 from typing import Any
 
@@ -62,9 +63,9 @@ log = logging.getLogger(__name__)
 try:  # the compiled body scanner (optional at install, as the OTLP encoder); LIGHTNING_OTEL_PURE_PYTHON=1 turns it off
     from lightning_otel.instrumentation.integrations import _vllm_tokens
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _vllm_tokens = None
+    _vllm_tokens = None  # type: ignore[assignment]  # None: not built or turned off, the SDK parses
 if os.environ.get("LIGHTNING_OTEL_PURE_PYTHON") == "1":
-    _vllm_tokens = None
+    _vllm_tokens = None  # type: ignore[assignment]  # None: not built or turned off, the SDK parses
 
 
 def scanner_built() -> bool:
@@ -92,7 +93,7 @@ class _LeanCall:
         self.strip_ids = self.strip_logprobs = False  # token fields the caller did not ask for
         self.taken: dict[str, Any] | None = None  # token attributes taken from the response JSON
         self.data: dict | None = None  # that JSON (read for the span faster than the SDK's objects)
-        self._offered = None  # the token of _taking.set() while the response JSON is offered
+        self._offered: Token[_LeanCall | None] | None = None  # _taking.set()'s token while the JSON is offered
 
     def chunk(self, chunk: Any) -> None:
         if self.accumulator is not None:
@@ -125,7 +126,7 @@ class _LeanCall:
                 if self.accumulator is not None and completed:
                     attributes.update(self.accumulator.attributes())
                     attributes.update(self.accumulator.token_counts())  # streams carry no usage unless asked
-                if self.streamed is not None:
+                if self.streamed is not None and self.gen_ai is not None:  # streamed: set when gen_ai is
                     streamed = self.streamed.response()
                     attributes.update(gen_ai.response_attributes(self.kind, streamed, self.gen_ai, self.hide_outputs))
                     attributes.update(gen_ai.counted_usage(attributes))  # from the token ids, when no usage came
@@ -199,7 +200,8 @@ class _LeanCall:
         unasked = (("token_ids", "prompt_token_ids") if self.strip_ids else ()) + (
             ("logprobs",) if self.strip_logprobs else ()
         )
-        for choice in data.get("choices") if type(data.get("choices")) is list else ():
+        choices = data.get("choices")
+        for choice in choices if type(choices) is list else ():
             if type(choice) is dict:
                 for key in unasked:
                     if key in choice:
@@ -293,8 +295,7 @@ def lean_sync_wrapper(original, other, tracer: trace.Tracer, options: Options):
             response = original(self, *args, **kwargs)
         return call.watch(response)
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only
 
 
 def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
@@ -308,5 +309,4 @@ def lean_async_wrapper(original, other, tracer: trace.Tracer, options: Options):
             response = await original(self, *args, **kwargs)
         return call.watch(response)
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only

@@ -26,14 +26,20 @@ def available() -> bool:
     return installed("openai", "openinference.instrumentation.openai")
 
 
+def _base_client() -> Any:
+    """openai's BaseClient, where response JSON becomes SDK objects; None in an SDK without it."""
+    try:
+        from openai._base_client import BaseClient
+    except ImportError:
+        return None
+    return BaseClient
+
+
 def enable(tracer_provider: Any, options: Options) -> None:
     import openai
     from openinference.instrumentation.openai import OpenAIInstrumentor
 
-    try:
-        from openai._base_client import BaseClient  # where response JSON becomes SDK objects
-    except ImportError:
-        BaseClient = None
+    BaseClient = _base_client()
 
     instrumentor = OpenAIInstrumentor()
     if instrumentor.is_instrumented_by_opentelemetry:

@@ -1,0 +1,60 @@
+"""What the Responses API tests (instrument and gateway) check on a captured call: its prompt ids are
+vLLM's own tokenization of the chat request it ran, and its logprobs align with its completion ids."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from helpers import wait_for
+
+from lightning_otel.collector import connect
+
+
+class SentRequests:
+    """The JSON bodies an httpx(2) client sent, by path: an event hook, independent of instrument()."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+
+    def hook(self, request) -> None:
+        self.sent.append((request.url.path, json.loads(request.content)))
+
+    async def async_hook(self, request) -> None:
+        self.hook(request)
+
+
+def calls_of(collector, rollout_id: str, count: int) -> list[dict]:
+    """The rollout's llm_calls rows (with the chat request each span recorded), in start order."""
+    conn = connect(collector.data_dir)
+    sql = (
+        "SELECT l.prompt_token_ids, l.completion_token_ids, l.completion_logprobs, l.training_source, "
+        "l.policy_version, s.attributes['input.value'] FROM llm_calls l JOIN spans s USING (trace_id, span_id) "
+        "WHERE l.rollout_id = ? ORDER BY l.start_time"
+    )
+    rows = wait_for(lambda: conn.execute(sql, [rollout_id]).fetchall(), lambda r: len(r) >= count, timeout_s=30)
+    names = ["prompt", "completion", "logprobs", "source", "version", "request"]
+    return [dict(zip(names, row)) for row in rows]
+
+
+def vllm_tokenization(vllm_server, chat: dict) -> list[int]:
+    """vLLM's /tokenize of a chat request's messages and tools, as its chat endpoint renders them."""
+    body = {"model": chat["model"], "messages": chat["messages"], "add_generation_prompt": True}
+    if chat.get("tools"):
+        body["tools"] = chat["tools"]
+    request = urllib.request.Request(
+        vllm_server.url + "/tokenize", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())["tokens"]
+
+
+def check_trainable(vllm_server, call: dict, chat: dict | None = None) -> dict:
+    """The chat request the call ran (`chat`, else the one its span recorded), after checking the
+    call is trainable as vLLM ran it."""
+    chat = chat or json.loads(call["request"])
+    assert call["source"] == "token_ids", call
+    assert call["prompt"] == vllm_tokenization(vllm_server, chat)
+    assert call["completion"] and len(call["logprobs"]) == len(call["completion"])
+    assert all(lp <= 0.0 for lp in call["logprobs"]) and call["version"]
+    return chat
