@@ -71,7 +71,7 @@ class MessagesStream:
     def _start(self, chunk: dict[str, Any]) -> list[Event]:
         self.started = True
         prompt_ids = chunk.get("prompt_token_ids")
-        message = {
+        message: dict[str, Any] = {
             "id": message_id(chunk.get("id")),
             "type": "message",
             "role": "assistant",
@@ -107,8 +107,8 @@ class MessagesStream:
             return []
         if isinstance(chunk.get("error"), dict):  # vLLM's mid-stream error
             self.finished = True
-            text = str(chunk["error"].get("message") or "upstream error")
-            return [("error", error_body(text, "api_error"))]
+            reason = str(chunk["error"].get("message") or "upstream error")
+            return [("error", error_body(reason, "api_error"))]
         events = [] if self.started else self._start(chunk)
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
@@ -124,7 +124,7 @@ class MessagesStream:
         if text:
             if self.block_kind != "text":
                 events.extend(self._open("text", {"type": "text", "text": ""}))
-            events.append(self._delta(self.block, {"type": "text_delta", "text": text}))
+            events.append(self._delta(self.blocks - 1, {"type": "text_delta", "text": text}))  # the open block
         for call in delta.get("tool_calls") or ():
             events.extend(self._tool_call(call))
         if choice.get("finish_reason") is not None:
@@ -136,20 +136,20 @@ class MessagesStream:
         events: list[Event] = []
         position = call.get("index", 0)
         function = call.get("function") or {}
-        block = self.tool_blocks.get(position)
-        if block is None:
-            block = {
+        index = self.tool_blocks.get(position)
+        if index is None:
+            opened: dict[str, Any] = {
                 "type": "tool_use",
                 "id": call.get("id") or f"toolu_{position}",
                 "name": function.get("name") or "",
                 "input": {},
             }
-            events.extend(self._open("tool_use", block))
-            block = self.tool_blocks[position] = self.block
-        elif block != self.block:  # a later fragment of a call whose block was closed: cannot reopen
+            events.extend(self._open("tool_use", opened))
+            index = self.tool_blocks[position] = self.blocks - 1  # _open made it the open block
+        elif index != self.block:  # a later fragment of a call whose block was closed: cannot reopen
             return events
         if function.get("arguments"):
-            events.append(self._delta(block, {"type": "input_json_delta", "partial_json": function["arguments"]}))
+            events.append(self._delta(index, {"type": "input_json_delta", "partial_json": function["arguments"]}))
         return events
 
     def finish(self) -> list[Event]:

@@ -155,7 +155,7 @@ def messages(instructions: Any, items: Any) -> list[dict[str, Any]]:
             if assistant is None:
                 assistant = {"role": "assistant", "content": None}
                 chat.append(assistant)
-            call = {"id": _text(item, "call_id", param), "type": "function"}
+            call: dict[str, Any] = {"id": _text(item, "call_id", param), "type": "function"}
             call["function"] = {"name": _text(item, "name", param), "arguments": _text(item, "arguments", param)}
             assistant.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
@@ -194,7 +194,7 @@ def _content(item: dict, param: str) -> Any:
     content = item.get("content")
     if isinstance(content, str):
         return content
-    parts = []
+    parts: list[dict[str, Any]] = []
     for index, part in enumerate(_list(content, param + ".content")):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text"):
@@ -202,7 +202,7 @@ def _content(item: dict, param: str) -> Any:
         elif kind == "refusal":
             parts.append({"type": "text", "text": _text(part, "refusal", f"{param}.content[{index}]")})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            image = {"url": part["image_url"]}
+            image: dict[str, Any] = {"url": part["image_url"]}
             if part.get("detail"):
                 image["detail"] = part["detail"]
             parts.append({"type": "image_url", "image_url": image})
@@ -305,7 +305,8 @@ def response_shell(
     elif finish_reason in ("length", "content_filter"):
         status = "incomplete"
         incomplete = {"reason": "max_output_tokens" if finish_reason == "length" else "content_filter"}
-    text = request.get("text") if isinstance(request.get("text"), dict) else {}
+    asked = request.get("text")
+    text: dict[str, Any] = asked if isinstance(asked, dict) else {}
     return {
         "id": response_id,
         "object": "response",

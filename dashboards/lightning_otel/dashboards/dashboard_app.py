@@ -163,13 +163,13 @@ class DashboardServer:
                 self._finished.set()
                 return
             loop = self._loop = asyncio.new_event_loop()
-            self._stop = asyncio.Event()
+            stop = self._stop = asyncio.Event()
         try:
-            serving = loop.create_task(self._serve())
+            serving = loop.create_task(self._serve(stop))
             try:
                 loop.run_until_complete(serving)
             except KeyboardInterrupt:
-                self._stop.set()
+                stop.set()
                 loop.run_until_complete(serving)  # the runner's cleanup: connections closed
                 raise
         finally:
@@ -177,7 +177,7 @@ class DashboardServer:
                 loop.close()
                 self._finished.set()
 
-    async def _serve(self) -> None:
+    async def _serve(self, stop: asyncio.Event) -> None:
         runner = web.AppRunner(
             self.app(),
             access_log=None,
@@ -189,7 +189,7 @@ class DashboardServer:
         await runner.setup()
         try:
             await web.SockSite(runner, self.socket).start()
-            await self._stop.wait()
+            await stop.wait()
         finally:
             await runner.cleanup()
 
@@ -198,7 +198,7 @@ class DashboardServer:
         with self._state:
             self._shutdown_requested = True
             loop, stop = self._loop, self._stop
-            if loop is None or self._finished.is_set():
+            if loop is None or stop is None or self._finished.is_set():
                 return
             loop.call_soon_threadsafe(stop.set)
         self._finished.wait()
@@ -215,7 +215,7 @@ class DashboardServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.on_response_prepare.append(_add_security_headers)
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_get("/health", _health)
         app.router.add_get("/v1/config", self._config)
         app.router.add_post("/v1/query", self._query)
         app.router.add_post("/v1/detokenize", self._detokenize)
@@ -298,7 +298,12 @@ class DashboardServer:
         return await _json_off_loop(200, {"tokens": tokens})
 
     def _pieces(self, body: bytes) -> list[str]:
+        assert self.detokenizer is not None  # _detokenize answers 404 before calling this
         return self.detokenizer.pieces(_token_ids(body))
+
+
+async def _health(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
 
 
 async def _add_security_headers(_: web.Request, response: web.StreamResponse) -> None:

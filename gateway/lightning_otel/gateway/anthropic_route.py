@@ -68,7 +68,9 @@ def handler(gateway: Gateway):
         if key:
 
             async def first() -> web.Response:
-                return translated(await gateway._forward(request, CHAT_PATH, upstream_body, call, buffer=True), body)
+                answer = translated(await gateway._forward(request, CHAT_PATH, upstream_body, call, buffer=True), body)
+                assert isinstance(answer, web.Response)  # buffered: a whole answer, never a relayed stream
+                return answer
 
             response = await gateway.idempotent.once(
                 key, body_digest(request.path, raw), first, lambda: gateway._headers(call)

@@ -75,8 +75,9 @@ async def _buffered(gateway: Any, request: web.Request, chat_raw: bytes, call: C
 def _translated(chat: web.Response, body: dict, call: Call, gateway: Any) -> web.Response:
     """The chat answer `chat` as the Responses API's: the response object, its events, or the error."""
     headers = gateway._headers(call)
+    raw = chat.body if isinstance(chat.body, bytes | bytearray) else b""  # _forward(buffer=True): bytes
     try:
-        data = json.loads(chat.body) if not call.streaming or chat.status != 200 else None
+        data = json.loads(raw) if not call.streaming or chat.status != 200 else None
     except ValueError:
         data = None
     if chat.status != 200:
@@ -94,7 +95,7 @@ def _translated(chat: web.Response, body: dict, call: Call, gateway: Any) -> web
         return web.json_response(response_object(data, body), headers=headers)
     stream = ResponsesStream(body)
     events = stream.start()
-    for chunk in _chunks(chat.body):
+    for chunk in _chunks(bytes(raw)):
         events += stream.feed(chunk)
     events += stream.finish()
     return web.Response(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -50,13 +51,14 @@ class Placement:
         lora=None,
     ) -> None:
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = self._place(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype))
+        # Any: a Hugging Face model (or its PEFT wrapper), whose methods torch's Module type does not know
+        self.model: Any = self._place(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype))
         self.reference = None
         if with_reference:
             reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).requires_grad_(False)
             self.reference = self._place(reference).eval()
         if checkpointing:
-            self.model.gradient_checkpointing_enable()
+            self.model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers method torch.nn.Module does not declare
         if lora is not None:
             from peft import get_peft_model
 

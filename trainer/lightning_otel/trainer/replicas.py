@@ -88,7 +88,7 @@ class Replicas:
         commit): the lead asks them, and every rank holding part of the trainer's model hears the
         answer (they all take part in the probe of the swap that follows)."""
         behind = self.lead and latest is not None and self.versions() != {checkpoint_version(latest)}
-        if behind:
+        if behind and latest is not None:
             log.info("servers do not serve checkpoint %s yet: swapping it in", latest.name)
         return trainer.share(behind)
 

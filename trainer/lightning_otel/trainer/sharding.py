@@ -23,6 +23,7 @@ rank its shard, in parallel), and a later run with any number of ranks reads it 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,7 +72,7 @@ def shard_model(model: torch.nn.Module, device: torch.device, mixed_precision: s
     bf16 = mixed_precision == "bfloat16" or (mixed_precision == "auto" and device.type == "cuda")
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    options = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
+    options: dict[str, Any] = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
     fully_shard(model, **options)
@@ -92,7 +93,7 @@ def non_finite_parameters(model: torch.nn.Module) -> list[str]:
     return [name for (name, _), bad in zip(named, flags.tolist(), strict=True) if bad]
 
 
-def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_state_dict(model: torch.nn.Module) -> dict[str, Any]:
     """Every rank calls it; rank 0 gets the whole model's tensors on CPU, the others an empty dict."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -129,7 +130,7 @@ def load_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, che
         return
     # optimizer.pt numbers the parameters in model order: name them, and each rank keeps its shard.
     names = [name for name, p in model.named_parameters() if p.requires_grad]
-    by_name = {
+    by_name: dict[str, Any] = {
         "state": {names[index]: value for index, value in saved["state"].items()},
         "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in saved["param_groups"]],
     }

@@ -26,6 +26,7 @@ extra_json, headers, post_parser; span_name where the SDK has spans).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from contextvars import ContextVar
 from typing import Any
@@ -204,8 +205,7 @@ def _sync_wrapper(original, tracer: trace.Tracer, chosen: Options, stream_class:
             call.done(data if isinstance(data, dict) else None, True)
         return _reply(messages_request, data, cast_to, options)
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only
 
 
 def _async_wrapper(original, tracer: trace.Tracer, chosen: Options, stream_class: type):
@@ -228,5 +228,4 @@ def _async_wrapper(original, tracer: trace.Tracer, chosen: Options, stream_class
             call.done(data if isinstance(data, dict) else None, True)
         return _reply(messages_request, data, cast_to, options)
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only

@@ -31,7 +31,7 @@ from lightning_otel.instrumentation.options import Options
 try:  # the HTTP client the anthropic SDK is built on: httpx2 in 2.x releases, httpx before
     import httpx2
 except ImportError:  # pragma: no cover - an older SDK
-    import httpx as httpx2
+    import httpx as httpx2  # type: ignore[no-redef]  # same API under the older name
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class ServedCall:
                 if completed:
                     attributes.update(self.accumulator.attributes())
                     attributes.update(self.accumulator.token_counts())
-                if self.streamed is not None:
+                if self.streamed is not None and self.gen_ai is not None:  # set together
                     streamed = self.streamed.response()
                     attributes.update(gen_ai.response_attributes(CHAT, streamed, self.gen_ai, self.hide_outputs))
                     attributes.update(gen_ai.counted_usage(attributes))

@@ -148,8 +148,7 @@ def _sync_wrapper(original, response_class: type, capture: str):
             stream_cls=kwargs.get("stream_cls"),
         )
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only
 
 
 def _async_wrapper(original, response_class: type, capture: str):
@@ -183,8 +182,7 @@ def _async_wrapper(original, response_class: type, capture: str):
             stream_cls=kwargs.get("stream_cls"),
         )
 
-    request.__wrapped__ = original
-    return request
+    return functools.update_wrapper(request, original, assigned=(), updated=())  # __wrapped__ only
 
 
 _SSE = {"content-type": "text/event-stream"}
