@@ -146,7 +146,7 @@ def test_openai_sdk_with_openinference_spans(vllm_server, session_collector):
     from pathlib import Path
 
     code = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        f"import json, sys; sys.path[:0] = [{str(Path(__file__).parent)!r}, {str(Path(__file__).parents[1])!r}]\n"
         "import lightning_otel\n"
         f"inst = lightning_otel.instrument(endpoint={session_collector.traces_endpoint!r}, openai_spans='openinference')\n"
         "from test_integrations import sdk_calls\n"
