@@ -61,7 +61,7 @@ test-unit: setup
 	$(PY) -m pytest -q -m "not integration"
 
 test: system browser node lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 	$(MAKE) test-sdk-matrix
 
 # The agent side with the oldest and newest supported openai and opentelemetry-sdk (docs/agent-side.md):

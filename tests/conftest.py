@@ -1,7 +1,8 @@
 """Shared fixtures. Servers run on 127.0.0.1 with free ports and are always stopped.
 
 - `tiny_model_dir`: the offline tiny model, built once per session.
-- `vllm_server`: one real vLLM(-cpu) server for the whole session (~30 s, ~3 GB to start).
+- `vllm_server`: one real vLLM(-cpu) server for the whole session (~30 s, ~3 GB to start);
+  `base_served`: the same server, put back on the base weights first.
 - `demo_run`: one real digit-sum run (`tests/digit_sum_run.py`), small (SFT warm-up, 2 train/swap iterations), whose
   trace store the dashboard, Grafana and report tests read (~1.5 min, its own vLLM).
 - `session_collector` + `instrumented`: a real collector process, and this test process's
@@ -45,6 +46,16 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
         raise
     yield server
     server.stop()
+
+
+@pytest.fixture
+def base_served(vllm_server, tiny_model_dir):
+    """The session server back on the base weights (version "0"): earlier tests leave it on theirs, and
+    an adapter or a probe over other base weights would be off by far more than any tolerance."""
+    from lightning_otel.core.vllm_admin import VLLMAdmin, hot_swap
+
+    hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "0", rollback_dir=tiny_model_dir)
+    return vllm_server
 
 
 @pytest.fixture(scope="session")

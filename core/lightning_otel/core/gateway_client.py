@@ -27,9 +27,11 @@ class GatewayAdminClient:
         }
         return self._request("POST", "/admin/swap", body)
 
-    def swap_lora(self, adapter_dir: str | Path, version: str, model: str) -> dict[str, Any]:
-        """Load the adapter as `<model>@<version>` on every replica and point `model` at it."""
-        body = {"mode": "lora", "adapter_path": str(adapter_dir), "version": version, "model": model}
+    def swap_lora(self, adapter_dir: str | Path | None, version: str, model: str) -> dict[str, Any]:
+        """Load the adapter as `<model>@<version>` on every replica and point `model` at it (None:
+        point `model` back at the base weights, and unload the adapter it had)."""
+        path = None if adapter_dir is None else str(adapter_dir)
+        body = {"mode": "lora", "adapter_path": path, "version": version, "model": model}
         return self._request("POST", "/admin/swap", body)
 
     def state(self) -> dict[str, Any]:

