@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import datetime
 from typing import TypeVar
 
 import duckdb
@@ -324,7 +325,13 @@ def parquet_source(store: Store) -> str:
     return f"read_parquet({_literal(store.glob())}, union_by_name = true)"
 
 
-def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
+def _window_source(store: Store, since: datetime) -> str | None:
+    """The files of the hour partitions from `since` on, listed now (None: there are none)."""
+    files = store.files_since(since)
+    return f"read_parquet([{', '.join(map(_literal, files))}], union_by_name = true)" if files else None
+
+
+def _create_views(conn: duckdb.DuckDBPyConnection, store: Store, since: datetime | None = None) -> None:
     """The views, created over an empty table of the spans' shape; then `spans_raw` reads the files.
     Creating a view binds it, and binding `read_parquet` reads every file's footer: over the files,
     once per view that reads them (~0.5 s per connection over a 100-file store). A query binds its
@@ -335,14 +342,26 @@ def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
     conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
     for statement in view_statements("_empty_spans"):
         conn.execute(statement)
-    if store.has_data():  # binding reads the footers: a file compaction deletes meanwhile is listed again
-        retry_vanished_files(lambda: conn.execute(spans_raw_statement(parquet_source(store))))
+    if not store.has_data():
+        return
+
+    def read_files() -> None:  # binding reads the footers: a file compaction deletes meanwhile is listed again
+        source = parquet_source(store) if since is None else _window_source(store, since)
+        if source is not None:
+            conn.execute(spans_raw_statement(source))
+
+    retry_vanished_files(read_files)
 
 
-def connect(data_dir: str | os.PathLike) -> duckdb.DuckDBPyConnection:
-    """A fresh in-memory DuckDB connection with the trace views over `data_dir`'s Parquet files."""
+def connect(data_dir: str | os.PathLike, since: datetime | None = None) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB connection with the trace views over `data_dir`'s Parquet files.
+
+    `since` (aware datetime): the views read only the hour partitions from `since`'s hour on, listed
+    once now, so a query's cost follows the window, not the store. Every span that started at or after
+    `since` is there; a rollout that started before it shows only its later spans, so callers select
+    rollouts that start well inside the window (the training job: trainer/selection_window.py)."""
     conn = duckdb.connect()
-    _create_views(conn, Store(data_dir))
+    _create_views(conn, Store(data_dir), since)
     return conn
 
 

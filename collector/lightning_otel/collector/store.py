@@ -109,6 +109,9 @@ WRITE_OPTIONS = _write_options("zstd", compression_level={c: 1 for c in _LEAVES 
 LIVE_WRITE_OPTIONS = _write_options("snappy")
 
 
+_PARTITION_HOUR = re.compile(r"/date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})/[^/]+$")
+
+
 class Store:
     """Where the Parquet files live: a local directory or an object-store URI (pyarrow.fs)."""
 
@@ -124,8 +127,21 @@ class Store:
 
     def glob(self) -> str:
         """The pattern readers give to read_parquet."""
-        prefix = self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
-        return f"{prefix}/**/*.parquet"
+        return f"{self._reader_prefix()}/**/*.parquet"
+
+    def _reader_prefix(self) -> str:
+        return self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
+
+    def files_since(self, since: datetime) -> list[str]:
+        """The files (as readers name them) of the hour partitions that end after `since`: every span
+        that started at or after it is in one of them. A file outside the date/hour layout is kept."""
+        floor = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0, tzinfo=None)
+        kept = []
+        for info in self.files():
+            match = _PARTITION_HOUR.search(info.path)
+            if match is None or datetime.fromisoformat(f"{match[1]}T{match[2]}:00") >= floor:
+                kept.append(self._reader_prefix() + info.path[len(self.spans_root) :])
+        return sorted(kept)
 
     def write(self, table: pa.Table, path: str, options: dict | None = None, list_columns: Sequence[str] = ()) -> None:
         """Write `table` to `path` whole; `list_columns` (flat lists) go through list_pages when it can."""

@@ -30,12 +30,15 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
+WATERMARK_FILE = "watermark.json"
 
 
 class LockHeld(RuntimeError):
@@ -69,7 +72,7 @@ def checkpoint_version(checkpoint: Path | None) -> str:
 
 class CheckpointStore:
     """checkpoints/step-NNNNNN/{model|adapter, optimizer.pt (or optimizer/ when sharded), state.json,
-    rollouts.parquet}, ledger/, excluded/."""
+    rollouts.parquet (rollout_id, start_us)}, ledger/, excluded/, watermark.json."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -93,10 +96,31 @@ class CheckpointStore:
         steps = self.committed()
         return steps[-1] if steps else None
 
-    def trained_ids(self) -> pa.Table:
+    def trained_ids(self, started_from_us: int | None = None) -> pa.Table:
+        """The ledger's rollout ids; `started_from_us`: only those of rollouts that started then or later
+        (rows written before the ledger kept start times are always kept)."""
         files = [p / "rollouts.parquet" for p in self.committed()] + sorted(self.ledger_dir.glob("*.parquet"))
-        tables = [pq.read_table(f) for f in files if f.exists()]
+        tables = []
+        for table in (pq.read_table(f) for f in files if f.exists()):
+            if started_from_us is not None and "start_us" in table.column_names:
+                starts = table.column("start_us")
+                table = table.filter(pc.or_kleene(pc.is_null(starts), pc.greater_equal(starts, started_from_us)))
+            tables.append(table.select(["rollout_id"]))
         return pa.concat_tables(tables) if tables else pa.table({"rollout_id": pa.array([], pa.string())})
+
+    def watermark(self) -> datetime | None:
+        """The time before which every rollout has been considered (selection_window.py); None: no run
+        has set it yet."""
+        path = self.root / WATERMARK_FILE
+        return datetime.fromisoformat(json.loads(path.read_text())["watermark"]) if path.exists() else None
+
+    def save_watermark(self, value: datetime) -> None:
+        """Written, synced and renamed: a crash leaves the old watermark, which only reads more."""
+        tmp = self.root / f".{WATERMARK_FILE}.tmp"
+        tmp.write_text(json.dumps({"watermark": value.isoformat()}))
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, self.root / WATERMARK_FILE)
 
     def excluded(self) -> pa.Table:
         """Every rollout excluded for good: rollout_id, cause, reason."""
@@ -104,9 +128,10 @@ class CheckpointStore:
         empty = pa.table({name: pa.array([], pa.string()) for name in ("rollout_id", "cause", "reason")})
         return pa.concat_tables(tables) if tables else empty
 
-    def untrainable_ids(self) -> pa.Table:
-        """Rollouts a run must not select: trained (the ledger) or excluded for good."""
-        return pa.concat_tables([self.trained_ids(), self.excluded().select(["rollout_id"])])
+    def untrainable_ids(self, started_from_us: int | None = None) -> pa.Table:
+        """Rollouts a run must not select: trained (the ledger, from `started_from_us` on) or excluded
+        for good (few: all of them)."""
+        return pa.concat_tables([self.trained_ids(started_from_us), self.excluded().select(["rollout_id"])])
 
     def exclude(self, exclusions: dict[str, tuple[str, str]]) -> None:
         """Record rollout id -> (cause, reason) in excluded/, atomically (written, synced, renamed)."""

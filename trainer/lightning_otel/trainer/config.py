@@ -74,6 +74,12 @@ class SelectionSection:
     # calls without token ids (GenAI-convention spans, OpenInference's own) rebuilt from their messages
     # with the model's chat template, as on-policy (docs/training.md); off: skipped and counted
     allow_reconstructed: bool = False
+    # The window behind the watermark (selection_window.py): a reward that arrives up to lookback_s
+    # after the watermark passed its rollout's start is still trained on; rollouts up to max_rollout_s
+    # long are read whole at the window's edge; backfill reads the whole store for this run
+    lookback_s: float = 3600.0
+    max_rollout_s: float = 3600.0
+    backfill: bool = False
 
 
 @dataclass

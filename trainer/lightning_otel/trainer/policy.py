@@ -150,11 +150,18 @@ class PolicyTrainer:
         self.version += 1
         return StepResult(trained, batch, metrics, at_fault)
 
-    def commit(self, store: CheckpointStore, rollout_ids: list[str] | None = None, adapter_only: bool = False) -> Path:
+    def commit(
+        self,
+        store: CheckpointStore,
+        rollout_ids: list[str] | None = None,
+        adapter_only: bool = False,
+        rollout_starts_us: list[int | None] | None = None,
+    ) -> Path:
         """Commit this version's checkpoint through `store`; returns the committed folder. It holds
         `model/` (LoRA merged in) or, with `adapter_only`, `adapter/` (for LoRA swaps); the optimizer;
-        `state.json`; `rollouts.parquet` (the rollouts this step trained on): renamed into place
-        together, the commit of exactly-once. Sharded, every rank calls it.
+        `state.json`; `rollouts.parquet` (the rollouts this step trained on, with their start times:
+        the ledger's window): renamed into place together, the commit of exactly-once. Sharded, every
+        rank calls it.
 
         Weights holding a NaN or an infinity are never committed (JobFailed): with finite gradients
         that is the configuration's doing (an overflowing step), not the rollouts'."""
@@ -165,9 +172,11 @@ class PolicyTrainer:
                 "nothing committed or swapped (check [update] learning_rate and [model] dtype)"
             )
         ids = list(rollout_ids or [])
+        starts = list(rollout_starts_us) if rollout_starts_us is not None else [None] * len(ids)
 
         def write_state(folder: Path) -> None:
-            pq.write_table(pa.table({"rollout_id": pa.array(ids, pa.string())}), folder / "rollouts.parquet")
+            ledger = pa.table({"rollout_id": pa.array(ids, pa.string()), "start_us": pa.array(starts, pa.int64())})
+            pq.write_table(ledger, folder / "rollouts.parquet")
             state = {"step": self.version, "version": str(self.version), "rollouts": len(ids), "created": time.time()}
             (folder / "state.json").write_text(json.dumps(state))
 

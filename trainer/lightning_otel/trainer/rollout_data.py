@@ -88,6 +88,7 @@ class RolloutRecord:
     calls_without_tokens: int = 0
     reconstructed_calls: int = 0
     orphans: int = 0
+    start_us: int | None = None  # the rollout's start (the `rollouts` view's start_time), epoch microseconds
 
     @property
     def calls(self) -> list[LLMCall]:
@@ -98,6 +99,10 @@ class RolloutRecord:
 class Selection:
     rollouts: list[RolloutRecord]
     excluded: dict[str, str]  # rollout id -> reason
+    # the start times (epoch microseconds) of the oldest and newest rollout the SQL selected, trained
+    # or excluded; None: none was (the training job's watermark, selection_window.py)
+    oldest_start_us: int | None = None
+    newest_start_us: int | None = None
 
     @property
     def llm_calls(self) -> int:
@@ -142,9 +147,9 @@ def selection_sql(config: SelectionConfig) -> str:
     limit = f"ORDER BY r.start_time, r.rollout_id LIMIT {int(config.limit)}" if config.limit else ""
     return f"""
         WITH selected AS (
-            SELECT r.rollout_id, r.task_id, {_reward_expression(config.reward)} AS reward
+            SELECT r.rollout_id, r.task_id, {_reward_expression(config.reward)} AS reward, r.start_time
             FROM rollouts r WHERE {" AND ".join(conditions)} {limit})
-        SELECT s.rollout_id, sel.task_id, sel.reward, s.trace_id, s.span_id, s.parent_span_id, s.span_kind,
+        SELECT s.rollout_id, sel.task_id, sel.reward, epoch_us(sel.start_time) AS rollout_start_us, s.trace_id, s.span_id, s.parent_span_id, s.span_kind,
                epoch_us(s.start_time) AS start_us, epoch_us(s.end_time) AS end_us,
                s.prompt_token_ids, s.completion_token_ids, s.completion_logprobs, s.policy_version,
                CASE WHEN s.span_kind = '{schema.KIND_LLM}' AND s.completion_token_ids IS NULL THEN s.attributes END AS attributes
@@ -185,6 +190,7 @@ def rollouts_from_table(conn: duckdb.DuckDBPyConnection, table: pa.Table, config
             "rollout_id",
             "task_id",
             "reward",
+            "rollout_start_us",
             "trace_id",
             "span_id",
             "parent_span_id",
@@ -222,7 +228,12 @@ def rollouts_from_table(conn: duckdb.DuckDBPyConnection, table: pa.Table, config
         if abs(reward) > config.max_abs_reward:
             excluded[rollout_id] = f"{REWARD_OUT_OF_RANGE} {reward:g} (max_abs_reward {config.max_abs_reward:g})"
             continue
-        record = RolloutRecord(rollout_id=rollout_id, task_id=scalars["task_id"][first], reward=float(reward))
+        record = RolloutRecord(
+            rollout_id=rollout_id,
+            task_id=scalars["task_id"][first],
+            reward=float(reward),
+            start_us=scalars["rollout_start_us"][first],
+        )
         spans = [_SpanRow(i, scalars) for i in rows]
         record.orphans = _attach_orphans(spans)
         scopes = _agent_scopes(spans)
@@ -239,7 +250,8 @@ def rollouts_from_table(conn: duckdb.DuckDBPyConnection, table: pa.Table, config
             excluded[rollout_id] = NO_TRAINABLE_CALL
             continue
         rollouts.append(record)
-    return Selection(rollouts=rollouts, excluded=excluded)
+    starts = [start for start in scalars["rollout_start_us"] if start is not None]
+    return Selection(rollouts, excluded, min(starts, default=None), max(starts, default=None))
 
 
 class _SpanRow:

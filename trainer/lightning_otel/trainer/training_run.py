@@ -47,6 +47,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import torch
@@ -62,6 +64,7 @@ from lightning_otel.trainer.policy import PolicyTrainer, StepResult, policy_toke
 from lightning_otel.trainer.replicas import Replicas
 from lightning_otel.trainer.rollout_data import Selection, SelectionConfig, exclusion_cause, select_rollouts
 from lightning_otel.trainer.run_summary import RunSummary, Stages
+from lightning_otel.trainer.selection_window import from_epoch_us, next_watermark, to_epoch_us, window
 from lightning_otel.trainer.update import NonFiniteUpdate, UntrainableBatch
 
 
@@ -88,16 +91,19 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         if lead:
             store.retire(config.checkpoints.keep)  # also finishes what a crash after a swap left undone
 
-        selection, inputs = None, []
+        selection, selected, inputs = None, None, []
         if lead:
             with stages("select rollouts"):
-                selection = _select(config, store)
+                selected = _select(config, store)
+            selection = selected.selection
             inputs = _exclude_for_good(store, selection)
         selection = _everyone(rank, selection)
         summary.excluded = dict(selection.excluded)
         if len(selection.rollouts) < config.selection.min_rollouts:
-            if lead and inputs:
-                _report(config, inputs)
+            if selected is not None:
+                store.save_watermark(selected.watermark_after(config, trained=False))
+                if inputs:
+                    _report(config, inputs)
             return summary
 
         try:
@@ -118,7 +124,8 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         try:  # sharded, every rank takes part: the weights are gathered, the optimizer written by all
             with stages("checkpoint"):
                 rollout_ids = [r.rollout_id for r in result.selection.rollouts]
-                checkpoint = trainer.commit(store, rollout_ids, adapter_only=config.model.lora_rank > 0)
+                starts = [r.start_us for r in result.selection.rollouts]
+                checkpoint = trainer.commit(store, rollout_ids, config.model.lora_rank > 0, starts)
             try:
                 with stages("swap + probe"):
                     swap_seconds = replicas.swap_in(trainer, checkpoint, rollback=latest)
@@ -138,6 +145,8 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             summary.status = "trained (worker)"
             return summary
         store.retire(config.checkpoints.keep)
+        if selected is not None:
+            store.save_watermark(selected.watermark_after(config, trained=True))
         _report(config, inputs, (trainer, result, swap_seconds))
         summary.status, summary.step, summary.version = "trained", trainer.version, str(trainer.version)
         summary.rollouts, summary.samples = len(result.selection.rollouts), len(result.batch.samples)
@@ -188,23 +197,56 @@ def _everyone(rank: int, value):
     return box[0]
 
 
-def _select(config: TrainConfig, store: CheckpointStore) -> Selection:
+@dataclass
+class _Selected:
+    """What step 1 found, and what the watermark needs from it (selection_window.py)."""
+
+    selection: Selection
+    began: datetime  # the selection's "now": the completeness cutoff is min_age_s before it
+    oldest_open: datetime | None  # the start of the oldest rollout in the window not complete yet
+
+    def watermark_after(self, config: TrainConfig, trained: bool) -> datetime:
+        selection, section = self.selection, config.selection
+        if not trained:  # they were selected and wait for a later run
+            held = from_epoch_us(selection.oldest_start_us)
+        elif len(selection.rollouts) + len(selection.excluded) >= section.max_rollouts:
+            held = from_epoch_us(selection.newest_start_us)  # max_rollouts cut it: later ones not considered
+        else:
+            held = None
+        return next_watermark(self.began, section.min_age_s, self.oldest_open, held)
+
+
+def _select(config: TrainConfig, store: CheckpointStore) -> _Selected:
     """Step 1: the rewarded rollouts quiet for `min_age_s` that no committed step trained on and no
-    run excluded."""
-    conn = connect(config.store.data_dir)
-    conn.register("lightning_trained", store.untrainable_ids())
+    run excluded, among those that started inside the window behind the watermark."""
+    section, began = config.selection, datetime.now(UTC)
+    span = window(store.watermark(), section.lookback_s, section.max_rollout_s, section.backfill)
+    cutoff = (began - timedelta(seconds=section.min_age_s)).isoformat()
+    untrainable = store.untrainable_ids(None if span.select_from is None else to_epoch_us(span.select_from))
     wanted = SelectionConfig(
-        where=f"({config.selection.where}) AND end_time < now() - to_seconds({float(config.selection.min_age_s)})",
-        reward=config.selection.reward,
-        limit=config.selection.max_rollouts,
+        where=f"({section.where}) AND end_time < TIMESTAMPTZ '{cutoff}'",
+        since=None if span.select_from is None else span.select_from.isoformat(),
+        reward=section.reward,
+        limit=section.max_rollouts,
         exclude="lightning_trained",
         only_rewarded=True,
-        allow_reconstructed=config.selection.allow_reconstructed,
-        max_abs_reward=config.selection.max_abs_reward,
-        tokenizer=policy_tokenizer(config.model.base) if config.selection.allow_reconstructed else None,
+        allow_reconstructed=section.allow_reconstructed,
+        max_abs_reward=section.max_abs_reward,
+        tokenizer=policy_tokenizer(config.model.base) if section.allow_reconstructed else None,
     )
-    # the collector compacts and deletes files as we read: a file listed then gone is read again
-    return retry_vanished_files(lambda: select_rollouts(conn, config=wanted))
+    in_window = "" if span.select_from is None else f" AND start_time >= TIMESTAMPTZ '{wanted.since}'"
+
+    def run() -> _Selected:  # the window's files are listed at connect: a vanished one, listed again
+        conn = connect(config.store.data_dir, since=span.read_from)
+        conn.register("lightning_trained", untrainable)
+        selection = select_rollouts(conn, config=wanted)
+        [oldest_open] = conn.execute(
+            f"SELECT min(start_time) FROM rollouts WHERE end_time >= TIMESTAMPTZ '{cutoff}'"
+            f" AND split <> '{schema.SPLIT_EVAL}'{in_window}"
+        ).fetchall()[0]
+        return _Selected(selection, began, oldest_open)
+
+    return retry_vanished_files(run)
 
 
 def _exclude_for_good(store: CheckpointStore, selection: Selection) -> list[InputRecord]:
