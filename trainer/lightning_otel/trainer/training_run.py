@@ -94,7 +94,7 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
         selection, selected, inputs = None, None, []
         if lead:
             with stages("select rollouts"):
-                selected = _select(config, store)
+                selected = select_in_window(config, store)
             selection = selected.selection
             inputs = _exclude_for_good(store, selection)
         selection = _everyone(rank, selection)
@@ -198,7 +198,7 @@ def _everyone(rank: int, value):
 
 
 @dataclass
-class _Selected:
+class SelectedRollouts:
     """What step 1 found, and what the watermark needs from it (selection_window.py)."""
 
     selection: Selection
@@ -216,7 +216,7 @@ class _Selected:
         return next_watermark(self.began, section.min_age_s, self.oldest_open, held)
 
 
-def _select(config: TrainConfig, store: CheckpointStore) -> _Selected:
+def select_in_window(config: TrainConfig, store: CheckpointStore) -> SelectedRollouts:
     """Step 1: the rewarded rollouts quiet for `min_age_s` that no committed step trained on and no
     run excluded, among those that started inside the window behind the watermark."""
     section, began = config.selection, datetime.now(UTC)
@@ -236,7 +236,7 @@ def _select(config: TrainConfig, store: CheckpointStore) -> _Selected:
     )
     in_window = "" if span.select_from is None else f" AND start_time >= TIMESTAMPTZ '{wanted.since}'"
 
-    def run() -> _Selected:  # the window's files are listed at connect: a vanished one, listed again
+    def run() -> SelectedRollouts:  # the window's files are listed at connect: a vanished one, listed again
         conn = connect(config.store.data_dir, since=span.read_from)
         conn.register("lightning_trained", untrainable)
         selection = select_rollouts(conn, config=wanted)
@@ -244,7 +244,7 @@ def _select(config: TrainConfig, store: CheckpointStore) -> _Selected:
             f"SELECT min(start_time) FROM rollouts WHERE end_time >= TIMESTAMPTZ '{cutoff}'"
             f" AND split <> '{schema.SPLIT_EVAL}'{in_window}"
         ).fetchall()[0]
-        return _Selected(selection, began, oldest_open)
+        return SelectedRollouts(selection, began, oldest_open)
 
     return retry_vanished_files(run)
 
