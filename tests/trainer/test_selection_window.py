@@ -43,10 +43,10 @@ def _ns(moment: datetime) -> int:
     return int(moment.timestamp() * 1e9)
 
 
-def _rollouts(tracer, task: str, started: datetime, rewards: tuple | None, prefix: str) -> None:
+def _rollouts(tracer, task: str, started: datetime, rewards: tuple | None, prefix: str, split: str = "train") -> None:
     """Two rollouts of `task`, each one LLM call of 20 s from `started`; rewards (None: not yet)."""
     for index in range(2):
-        identity = {schema.ROLLOUT_ID: f"{prefix}-{index}", schema.TASK_ID: task}
+        identity = {schema.ROLLOUT_ID: f"{prefix}-{index}", schema.TASK_ID: task, schema.ROLLOUT_SPLIT: split}
         span = tracer.start_span(
             "ChatCompletion",
             start_time=_ns(started),
@@ -126,10 +126,12 @@ def test_late_rewards_inside_the_look_back_train_outside_it_only_by_backfill(job
             _rollouts(tracer, "fresh", now - timedelta(minutes=10), (1.0, 0.0), "fresh"),
             _rollouts(tracer, "late", now - timedelta(minutes=30), None, "late"),  # rewarded after run 1
             _rollouts(tracer, "stale", now - timedelta(hours=3), None, "stale"),  # rewarded after the look-back
+            _rollouts(tracer, "held-out", now - timedelta(minutes=10), (1.0, 0.0), "eval", split="eval"),
         ],
     )
     first = run_once(config)
     assert first.status == "trained" and _ledger(state.root) == ["fresh-0", "fresh-1"]
+    assert first.eval_rollouts == 2 and "eval-0" not in first.excluded  # counted, not excluded for a fault
     watermark = state.watermark()
     assert watermark is not None and now - timedelta(seconds=5) < watermark <= datetime.now(UTC)
 

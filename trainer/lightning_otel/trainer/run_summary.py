@@ -22,6 +22,7 @@ class RunSummary:
     swap_seconds: float | None = None
     samples_histogram: list[int] = field(default_factory=list)  # element k: rollouts that became k + 1 samples
     excluded: dict[str, str] = field(default_factory=dict)
+    eval_rollouts: int = 0  # evaluation rollouts in the run's window, never trained on (not excluded: not candidates)
     at_fault: list[str] = field(default_factory=list)  # rollouts with a non-finite gradient, now excluded for good
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -36,6 +37,7 @@ class RunSummary:
             ("loss", _fmt(self.loss)),
             ("swap seconds", _fmt(self.swap_seconds)),
             ("rollouts excluded", len(self.excluded)),
+            ("eval rollouts", f"{self.eval_rollouts} (never trained on)"),
         ]
         if self.at_fault:
             rows.append(

@@ -99,6 +99,7 @@ def run_once(config: TrainConfig, progress: bool = False, on_stage: Callable[[st
             inputs = _exclude_for_good(store, selection)
         selection = _everyone(rank, selection)
         summary.excluded = dict(selection.excluded)
+        summary.eval_rollouts = selected.evaluations if selected is not None else 0
         if len(selection.rollouts) < config.selection.min_rollouts:
             if selected is not None:
                 store.save_watermark(selected.watermark_after(config, trained=False))
@@ -204,6 +205,7 @@ class SelectedRollouts:
     selection: Selection
     began: datetime  # the selection's "now": the completeness cutoff is min_age_s before it
     oldest_open: datetime | None  # the start of the oldest rollout in the window not complete yet
+    evaluations: int = 0  # evaluation rollouts in the window: never candidates
 
     def watermark_after(self, config: TrainConfig, trained: bool) -> datetime:
         selection, section = self.selection, config.selection
@@ -240,11 +242,12 @@ def select_in_window(config: TrainConfig, store: CheckpointStore) -> SelectedRol
         conn = connect(config.store.data_dir, since=span.read_from)
         conn.register("lightning_trained", untrainable)
         selection = select_rollouts(conn, config=wanted)
-        [oldest_open] = conn.execute(
-            f"SELECT min(start_time) FROM rollouts WHERE end_time >= TIMESTAMPTZ '{cutoff}'"
-            f" AND split <> '{schema.SPLIT_EVAL}'{in_window}"
+        evaluation = f"split = '{schema.SPLIT_EVAL}'"
+        oldest_open, evaluations = conn.execute(
+            f"SELECT min(start_time) FILTER (WHERE end_time >= TIMESTAMPTZ '{cutoff}' AND NOT {evaluation}),"
+            f" count(*) FILTER (WHERE {evaluation}) FROM rollouts WHERE start_time IS NOT NULL{in_window}"
         ).fetchall()[0]
-        return SelectedRollouts(selection, began, oldest_open)
+        return SelectedRollouts(selection, began, oldest_open, evaluations)
 
     return retry_vanished_files(run)
 
