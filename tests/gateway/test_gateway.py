@@ -13,6 +13,7 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import openai
 import pytest
 from helpers import wait_for
@@ -255,12 +256,21 @@ def test_every_error_is_openai_style_json_and_the_body_limit_is_a_flag(session_c
         client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIStatusError) as too_large:
             client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 5000}])
+        # the Anthropic Messages route answers in Anthropic's shape, which its SDK reads
+        messages_over = _exchange(gateway.url + "/rollout/r/v1/messages", b'{"x": "' + b"x" * 5000 + b'"}')
+        claude = anthropic.Anthropic(base_url=gateway.url, api_key="x", max_retries=0)
+        with pytest.raises(anthropic.APIStatusError) as messages_too_large:
+            claude.messages.create(model="policy", max_tokens=4, messages=[{"role": "user", "content": "x" * 5000}])
     for name, (expected, (status, content_type, body)) in answers.items():
         assert status == expected, name
         assert content_type.startswith("application/json"), name
         assert body["error"]["code"] == status and body["error"]["message"] and body["error"]["type"], name
     assert "4096 bytes" in answers["one byte over the limit"][1][2]["error"]["message"]
     assert too_large.value.status_code == 413 and "--max-body-bytes" in too_large.value.message
+    status, content_type, body = messages_over
+    assert status == 413 and content_type.startswith("application/json")
+    assert body["type"] == "error" and body["error"]["type"] == "request_too_large", body
+    assert messages_too_large.value.status_code == 413 and "--max-body-bytes" in messages_too_large.value.message
 
 
 def test_eval_rollouts_through_the_gateway_are_recorded_and_never_selected(gateway, session_collector):

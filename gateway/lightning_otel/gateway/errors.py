@@ -1,11 +1,14 @@
 """The gateway's errors in the OpenAI API's shape, `{"error": {"message", "type", "code"}}`, which
-OpenAI clients parse and raise with its message, aiohttp's own (404, 405, 413) included."""
+OpenAI clients parse and raise with its message, aiohttp's own (404, 405, 413) included; on the
+Anthropic Messages route (`.../v1/messages`), in Anthropic's shape, which its clients parse."""
 
 from __future__ import annotations
 
 import logging
 
 from aiohttp import web
+
+from lightning_otel.core.anthropic_messages import error_body as anthropic_error_body
 
 log = logging.getLogger(__name__)
 STREAM_STARTED = "lightning_otel.stream_started"  # request key: the response's head is sent
@@ -44,11 +47,19 @@ def errors_middleware(max_body_bytes: int):
             if exc.status == 413:
                 message = f"request body over the gateway's limit of {max_body_bytes} bytes (--max-body-bytes)"
             headers = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-            return error_response(exc.status, message, _ERROR_TYPES.get(exc.status, "invalid_request_error"), headers)
+            kind = _ERROR_TYPES.get(exc.status, "invalid_request_error")
+            return _answer(request, exc.status, message, kind, headers)
         except Exception:
             if request.get(STREAM_STARTED):
                 raise  # the stream's head is sent: nothing else can be answered
             log.exception("gateway: unexpected error on %s %s", request.method, request.path)
-            return error_response(500, "internal error in the gateway (see its log)", "server_error")
+            return _answer(request, 500, "internal error in the gateway (see its log)", "server_error")
 
     return errors
+
+
+def _answer(request: web.Request, status: int, message: str, kind: str, headers: dict | None = None) -> web.Response:
+    if request.path.endswith("/v1/messages"):
+        kind = "api_error" if status >= 500 else kind
+        return web.json_response(anthropic_error_body(message, kind), status=status, headers=headers)
+    return error_response(status, message, kind, headers)
