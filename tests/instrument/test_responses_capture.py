@@ -6,12 +6,14 @@ Includes the stock OpenAI Agents SDK agent with its default model class (OpenAIR
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.request
 import uuid
 
 import httpx2
 import openai
 import pytest
-from responses_checks import SentRequests, calls_of, check_trainable
+from responses_checks import SentRequests, calls_of, check_trainable, vllm_tokenization
 
 import lightning_otel
 
@@ -117,3 +119,42 @@ def test_a_stateful_request_is_refused_saying_what_to_send(vllm_server, instrume
             client.responses.create(model=vllm_server.served_model_name, input="hi", previous_response_id="resp_1")
     assert refused.value.body["param"] == "previous_response_id"
     assert "send the whole conversation in `input`" in refused.value.message
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_prompt_ids_are_the_ones_vllm_ran_not_a_re_rendering(vllm_server, instrumented, session_collector, streamed):
+    """A prefilled answer (vLLM's `continue_final_message`, passed through as is): vLLM renders the
+    last assistant message open, so any rendering of the messages other than the one vLLM ran (a
+    local chat template with a generation prompt, say) gives other ids than the ones recorded."""
+    sent = SentRequests()
+    client = openai.OpenAI(
+        base_url=vllm_server.base_url, api_key="x", http_client=httpx2.Client(event_hooks={"request": [sent.hook]})
+    )
+    prefill = [{"role": "user", "content": "what is 2 + 3?"}, {"role": "assistant", "content": "The answer is"}]
+    ask = dict(model=vllm_server.served_model_name, input=prefill, max_output_tokens=5)
+    ask["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
+    with lightning_otel.rollout(task_id="responses-prefill") as rollout:
+        if streamed:
+            events = list(client.responses.create(stream=True, **ask))
+            response = events[-1].response
+        else:
+            response = client.responses.create(**ask)
+    assert response.usage.output_tokens == 5
+    instrumented.flush()
+    [call] = calls_of(session_collector, rollout.rollout_id, 1)
+    [(path, chat)] = sent.sent
+    assert path == "/v1/chat/completions" and chat["continue_final_message"] is True
+    assert chat["messages"] == prefill
+    ran = _tokenize(vllm_server, {"model": chat["model"], "messages": prefill, **ask["extra_body"]})
+    assert call["prompt"] == ran and call["source"] == "token_ids"
+    assert call["prompt"] != vllm_tokenization(vllm_server, chat)  # the same messages, rendered closed
+    assert len(call["completion"]) == len(call["logprobs"]) == 5 and all(lp <= 0.0 for lp in call["logprobs"])
+
+
+def _tokenize(vllm_server, body: dict) -> list[int]:
+    """vLLM's /tokenize of `body` as given (its rendering flags included)."""
+    request = urllib.request.Request(
+        vllm_server.url + "/tokenize", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())["tokens"]

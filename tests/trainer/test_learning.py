@@ -30,3 +30,12 @@ def test_rl_raises_held_out_reward_after_sft_warmup(tmp_path):
         digit_sum.rl_iteration(model, optimizer, sampler, rng.sample(digit_sum.TRAIN, 8), 8, config, seed=iteration)
     after = digit_sum.evaluate(sampler, digit_sum.HELD_OUT)
     assert after >= before + 0.1, (before, after)
+
+
+def test_held_out_sums_are_disjoint_from_training_even_mirrored():
+    """No held-out question is a training question, nor its mirror ("b + a"); the warm-up reads the
+    training pairs only (digit_sum.sft_warmup); every held-out sum is reachable from training."""
+    held_out, train = set(digit_sum.HELD_OUT), set(digit_sum.TRAIN)
+    assert held_out and not held_out & train and held_out | train == set(digit_sum.PAIRS)
+    assert not {(b, a) for a, b in held_out} & train
+    assert {a + b for a, b in held_out} <= {a + b for a, b in train}

@@ -2,7 +2,7 @@
 
 Task: "What is a + b?" for digits a, b; the reply must read "The answer is <a+b>." exactly.
 Reward: 1 for the right sum in that format, 0.25 for the format with a wrong number, 0 otherwise.
-Held-out tasks (one pair in five) are never trained on, so a rising held-out reward is learning,
+Held-out tasks (16 pairs, closed under swapping a and b) are never trained on, so a rising held-out reward is learning,
 not memorizing. `sft_warmup` teaches a little of the format with TRL's SFTTrainer; `LocalSampler`
 samples from a transformers model in process (with exact behaviour logprobs) for fast CPU loops
 that need no vLLM server.
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 PAIRS = [(a, b) for a in range(10) for b in range(10)]
-HELD_OUT = [p for p in PAIRS if (p[0] * 10 + p[1]) % 5 == 0]
+# Symmetric in a and b, so "b + a" of a held-out "a + b" is held out too (the same question mirrored),
+# and every held-out sum is also the sum of some training pair: 16 pairs
+HELD_OUT = [(a, b) for a, b in PAIRS if (a * b + 1) % 5 == 0]
 TRAIN = [p for p in PAIRS if p not in HELD_OUT]
 _FORMAT = re.compile(r"^\s*The answer is (\d+)\.?\s*$")
 
