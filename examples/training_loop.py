@@ -89,6 +89,9 @@ def parse_args(example: Example, argv: list[str] | None) -> argparse.Namespace:
         default=defaults["eval_every"],
         help="run the held-out evaluation set before the first update, after every N iterations and at the end (0: never)",
     )
+    parser.add_argument(
+        "--eval-tasks", type=int, default=0, help="run only the first N tasks of the held-out set (0: all of it)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the tiny model, the SFT data and the tasks drawn")
     parser.add_argument("--vllm-args", default="", help="more vLLM flags, e.g. '--gpu-memory-utilization 0.4'")
     parser.add_argument(
@@ -353,7 +356,7 @@ def run(example: Example, argv: list[str] | None = None) -> int:
                 vllm.base_url,
                 vllm.served_model_name,
                 rng,
-                args.tasks,
+                args.eval_tasks if split == "eval" else args.tasks,  # eval: 0 is the whole held-out set
                 args.rollouts_per_task,
                 workdir,
                 collector.traces_endpoint,

@@ -206,8 +206,10 @@ def run_agent(iteration: training_loop.Iteration) -> int:
 
 
 def run_eval(iteration: training_loop.Iteration) -> int:
-    """The held-out set (calculator_task.eval_tasks: no warm-up or RL question), one rollout each."""
-    return _ask(iteration, calculator_task.eval_tasks(), 1)
+    """The held-out set (calculator_task.eval_tasks: no warm-up or RL question), one rollout each;
+    only its first `iteration.tasks` when that is set (--eval-tasks)."""
+    held_out = calculator_task.eval_tasks()
+    return _ask(iteration, held_out[: iteration.tasks or len(held_out)], 1)
 
 
 EXAMPLE = training_loop.Example(

@@ -87,7 +87,9 @@ def merge_causes(data_dir: Path) -> dict[str | None, int]:
 def test_tool_use_example(tmp_path):
     # 300 warm-up steps (the default cap is 3,000; seed 0's check passes at 2,586): enough for the
     # call's format, which this test needs; the copies it does not
-    output = run_example("tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4", "--sft-steps", "300")
+    output = run_example(
+        "tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4", "--sft-steps", "300", "--eval-tasks", "8"
+    )
     data_dir = tmp_path / "traces"
     check_loop(output, data_dir, 8)
     conn = connect(data_dir)
@@ -103,7 +105,7 @@ def test_tool_use_example(tmp_path):
     # (check_loop: each step trained exactly the iteration's 8 train rollouts).
     evaluated = conn.execute("""SELECT policy_versions[1], count(*), count(DISTINCT task_id) FROM rollouts
                                 WHERE split = 'eval' AND reward IS NOT NULL GROUP BY 1 ORDER BY 1""").fetchall()
-    assert [(count, tasks) for _, count, tasks in evaluated] == [(64, 64), (64, 64)], evaluated
+    assert [(count, tasks) for _, count, tasks in evaluated] == [(8, 8), (8, 8)], evaluated  # --eval-tasks 8
     assert evaluated[0][0] == "2" and evaluated[1][0] != "1", evaluated  # the last version, and the first
     eval_lines = [line for line in output.splitlines() if line.startswith("eval | version")]
     assert len(eval_lines) == 2 and "held-out evaluation by policy version" in output, output[-3000:]
