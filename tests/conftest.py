@@ -22,7 +22,9 @@ import pytest
 from lightning_otel.core.servers import VLLMServer
 from lightning_otel.testing.servers import CollectorProcess
 
-pytest_plugins = ["integration_marker"]  # marks every test that starts a server or process
+# integration_marker marks every test that starts a server or process; long_context holds the
+# coding-CLI tests' shared 32k-context vLLM (`long_context_vllm`, `cli_gateway`).
+pytest_plugins = ["integration_marker", "long_context"]
 
 # No internet here: LiteLLM would try to fetch its price list at import, with retries and sleeps.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

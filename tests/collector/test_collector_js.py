@@ -4,23 +4,21 @@ Its OTLP/HTTP exporters send bodies with `Transfer-Encoding: chunked` (no Conten
 or gzip: the receiver must read them (the standard library's http.server answered 411 to every
 one). Each exporter's spans are counted through SQL, with their array attributes intact.
 
-The npm packages are pinned below and installed once into a cache folder named after the pins
-(~/.cache/lightning-otel-npm/<hash>, or $LIGHTNING_OTEL_NPM_CACHE/<hash>); `node` (>= 18.19) and
-`npm` must be on PATH: without them these tests fail, they do not skip.
+The npm packages are pinned in tests/npm_packages.py and installed once into a cache folder named
+after the pins (~/.cache/lightning-otel-npm/<hash>, or $LIGHTNING_OTEL_NPM_CACHE/<hash>); `node`
+(>= 18.19) and `npm` must be on PATH: without them these tests fail, they do not skip.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 from helpers import local_collector
+from npm_packages import OPENTELEMETRY_JS, install
 from repo_paths import TESTS
 
 from lightning_otel.collector import connect
@@ -29,15 +27,6 @@ from lightning_otel.core.servers import free_port
 
 pytestmark = pytest.mark.integration
 
-# The newest releases whose engines accept Node 18.19+/20 (the 0.30x exporters want Node >= 22.15).
-NPM_PACKAGES = {
-    "@opentelemetry/api": "1.9.1",
-    "@opentelemetry/sdk-trace-base": "2.12.1",
-    "@opentelemetry/resources": "2.12.1",
-    "@opentelemetry/exporter-trace-otlp-proto": "0.223.1",
-    "@opentelemetry/exporter-trace-otlp-http": "0.223.1",
-    "@opentelemetry/exporter-trace-otlp-grpc": "0.223.1",
-}
 SCRIPT = TESTS / "js" / "export_spans.js"
 SPANS = 1200  # three batches of the processor's 512
 
@@ -53,42 +42,10 @@ ATTRIBUTES = {
 }
 
 
-def _npm_cache_root() -> Path:
-    return Path(os.environ.get("LIGHTNING_OTEL_NPM_CACHE") or Path.home() / ".cache" / "lightning-otel-npm")
-
-
 @pytest.fixture(scope="session")
 def node_modules() -> Path:
-    """The pinned packages, installed once per pin set (a lock keeps parallel sessions apart)."""
-    for tool in ("node", "npm"):
-        assert shutil.which(tool), f"{tool} not found: install Node.js >= 18.19 with npm (see .ci/run)"
-    key = hashlib.sha256(json.dumps(NPM_PACKAGES, sort_keys=True).encode()).hexdigest()[:16]
-    folder = _npm_cache_root() / key
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".installed").exists():
-            specs = [f"{name}@{version}" for name, version in NPM_PACKAGES.items()]
-            result = subprocess.run(
-                [
-                    "npm",
-                    "install",
-                    "--no-audit",
-                    "--no-fund",
-                    "--no-save",
-                    "--ignore-scripts",
-                    "--engine-strict",
-                    "--prefix",
-                    str(folder),
-                    *specs,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            assert result.returncode == 0, f"npm install failed:\n{result.stdout}\n{result.stderr}"
-            (folder / ".installed").write_text("\n".join(specs) + "\n")
-    return folder / "node_modules"
+    """The pinned OpenTelemetry JS packages (tests/npm_packages.py), installed once per pin set."""
+    return install(OPENTELEMETRY_JS)
 
 
 def export_with_node(
