@@ -4,6 +4,7 @@ idempotency, redaction, trace joining, failures."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import textwrap
 import threading
@@ -304,3 +305,38 @@ def test_eval_rollouts_through_the_gateway_are_recorded_and_never_selected(gatew
     ids = f"'{by_path}', '{by_header}'"
     selection = select_rollouts(connect(session_collector.data_dir), where=f"rollout_id IN ({ids})")
     assert selection.rollouts == [] and selection.excluded == {}  # not candidates at all
+
+
+def test_a_client_that_leaves_mid_stream_is_recorded_as_such_and_one_that_ends_at_done_is_not(
+    gateway, vllm_server, session_collector
+):
+    """A client that closes its connection in the middle of a stream ends the call as an error that
+    says so; one that closes as soon as it has `[DONE]` (what an SDK does) leaves a complete call."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+
+    def stream(rollout_id: str, max_tokens: int, leave_after: bytes) -> None:
+        body = json.dumps(
+            {"model": "policy", "messages": [{"role": "user", "content": "count"}], "max_tokens": max_tokens,
+             "stream": True, "ignore_eos": True}
+        ).encode()  # fmt: skip
+        head = (
+            f"POST /rollout/{rollout_id}/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall(head + body)
+            received = b""
+            while leave_after not in received:
+                data = sock.recv(65536)
+                assert data, received[-500:]
+                received += data
+
+    left, finished = f"leaves-{uuid.uuid4().hex[:8]}", f"done-{uuid.uuid4().hex[:8]}"
+    stream(left, 2000, b"data: {")  # the first event: ~2,000 more tokens to come
+    stream(finished, 4, b"data: [DONE]")
+    sql = "SELECT rollout_id, status_code, status_message FROM spans WHERE rollout_id IN (?, ?) ORDER BY rollout_id"
+    rows = _rows(session_collector, sql, [finished, left], 2, timeout_s=60)
+    assert rows == [
+        (finished, "UNSET", None),  # a span that ended well: OpenTelemetry leaves its status unset
+        (left, "ERROR", "the client closed the stream before its end"),
+    ], rows

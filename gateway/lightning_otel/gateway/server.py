@@ -27,6 +27,7 @@ http://127.0.0.1:4318/v1/traces (core.otlp.traces_endpoint).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -328,19 +329,26 @@ class Gateway:
         await response.prepare(request)
         request[STREAM_STARTED] = True
         events = self.spans.events(call.kind)  # not None: checked above
-        error = None
+        error, client_gone = None, False
         translate = call.translate  # set for an Anthropic Messages or Responses call: its events, as they arrive
         try:
             async for chunk in reply.content.iter_any():
-                await response.write(chunk if translate is None else translate.feed(chunk))  # as soon as it arrives
+                try:
+                    await response.write(chunk if translate is None else translate.feed(chunk))  # as it arrives
+                except ConnectionResetError:  # the client went away: the call ends here, unfinished
+                    error, client_gone = "the client closed the stream before its end", True
+                    break
                 events.feed(chunk)
         except (TimeoutError, ClientError) as exc:
             error = f"upstream failed mid-stream: {exc}"
         finally:
             reply.release()
-        if translate is not None:
-            await response.write(translate.end(error))
-        await response.write_eof()
+        # A client may close as soon as it has the last event it needs (an SDK stops at `[DONE]`): the
+        # call is complete whether or not the stream's end still reaches it.
+        with contextlib.suppress(ConnectionResetError):
+            if translate is not None and not client_gone:
+                await response.write(translate.end(error))
+            await response.write_eof()
         self.spans.record(call, None, error=error, accumulated=events)
         return response
 
