@@ -2,6 +2,10 @@
 the dashboard overview's queries, over stores of 1M, 10M (and 50M) spans in realistic hour partitions.
 
     python bench/store_scale.py --spans 1000000 10000000 [--days 3] [--keep DIR]
+    python bench/store_scale.py --spans 1000000 10000000 --spans-per-hour 13889   # a store growing for months
+
+With `--days` every store covers the same days (a bigger store is busier traffic); with
+`--spans-per-hour` the traffic is the same and a bigger store covers more days (a store that grows).
 
 Each store is written with the collector's own Store, one compacted file per service and hour over
 `--days` days ending now (the layout a flushing, compacting collector leaves): rollouts of 8 spans (a
@@ -185,11 +189,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--days", type=int, default=3)
+    parser.add_argument("--spans-per-hour", type=int, help="fixed traffic: the days follow from --spans")
     parser.add_argument("--untrained", type=int, default=400, help="newest rollouts not in the ledger yet")
     parser.add_argument("--keep", type=Path, help="build the stores under this folder and keep them")
     args = parser.parse_args()
     for spans in args.spans:
-        measure(spans, args.days, args.untrained, args.keep)
+        days = max(1, round(spans / args.spans_per_hour / 24)) if args.spans_per_hour else args.days
+        measure(spans, days, args.untrained, args.keep)
 
 
 if __name__ == "__main__":
