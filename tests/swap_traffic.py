@@ -52,7 +52,7 @@ def swaps_under_traffic_drop_nothing(
         stop.set()
         for thread in threads:
             thread.join()
-    assert failures == []
+    assert failures == [], failures[:5]
     assert set(versions) <= {version for _, version in answered}
     conn = connect(session_collector.data_dir)
     ids = dict(answered)

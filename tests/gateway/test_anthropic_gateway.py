@@ -179,8 +179,13 @@ def test_an_unreachable_upstream_is_an_anthropic_api_error(session_collector, tm
 
 
 def test_a_weight_swap_under_messages_traffic_drops_nothing(gateway, vllm_server, session_collector, tiny_model_dir):
+    clients: dict[int, anthropic.Anthropic] = {}  # one connection pool per caller: a client per call leaks sockets
+
     def call(rollout_id: str, index: int) -> str:
-        client = anthropic.Anthropic(base_url=f"{gateway.url}/rollout/{rollout_id}", api_key="x", max_retries=0)
+        if index not in clients:
+            clients[index] = anthropic.Anthropic(base_url=gateway.url, api_key="x", max_retries=0)
+        shared = clients[index]
+        client = shared.with_options(base_url=f"{gateway.url}/rollout/{rollout_id}")
         with suppress_instrumentation():
             raw = client.messages.with_raw_response.create(
                 model="policy", max_tokens=3, messages=[{"role": "user", "content": f"caller {index}"}]

@@ -100,8 +100,13 @@ def test_idempotent_and_refused_requests(gateway, vllm_server, session_collector
 
 
 def test_a_weight_swap_under_responses_traffic_drops_nothing(gateway, vllm_server, session_collector, tiny_model_dir):
+    clients: dict[int, openai.OpenAI] = {}  # one connection pool per caller: a client per call leaks sockets
+
     def call(rollout_id: str, index: int) -> str:
-        client = openai.OpenAI(base_url=f"{gateway.url}/rollout/{rollout_id}/v1", api_key="x", max_retries=0)
+        if index not in clients:
+            clients[index] = openai.OpenAI(base_url=gateway.url, api_key="x", max_retries=0)
+        shared = clients[index]
+        client = shared.with_options(base_url=f"{gateway.url}/rollout/{rollout_id}/v1")
         with suppress_instrumentation():  # this process's instrument(), if on, records no second span
             raw = client.responses.with_raw_response.create(
                 model=vllm_server.served_model_name, input=f"caller {index}", max_output_tokens=3

@@ -134,16 +134,22 @@ def test_async_create_streamed_and_not(vllm_server, instrumented, session_collec
 
     with lightning_otel.rollout(task_id="anthropic-async") as rollout:
         plain, events = asyncio.run(calls())
-    assert isinstance(plain, Message) and plain.stop_reason == "max_tokens" and plain.usage.output_tokens == 8
+    # sampled at temperature 1, the tiny model may end its turn before the 8-token cap
+    final = events[-2]
+    for stop, tokens in (
+        (plain.stop_reason, plain.usage.output_tokens),
+        (final.delta.stop_reason, final.usage.output_tokens),
+    ):
+        assert stop in ("max_tokens", "end_turn") and (stop == "max_tokens") == (tokens == 8), (stop, tokens)
+    assert isinstance(plain, Message)
     kinds = [event.type for event in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
-    assert events[-2].delta.stop_reason == "max_tokens" and events[-2].usage.output_tokens == 8
     instrumented.flush()
     rows = llm_rows(session_collector, rollout.rollout_id, 2)
     assert len(rows) == 2
     prompt = tokenize(vllm_server, [{"role": "user", "content": "Count to three."}], None)
-    for row in rows:
-        check_trainable(row, prompt, 8)
+    for row, tokens in zip(rows, (plain.usage.output_tokens, final.usage.output_tokens)):  # in start order
+        check_trainable(row, prompt, tokens)
     assert events[0].message.usage.input_tokens == len(prompt)
 
 

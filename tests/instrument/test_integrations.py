@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 import lightning_otel
 from lightning_otel.collector import connect
+from lightning_otel.collector.query import retry_vanished_files
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +30,16 @@ def tokenizer(tiny_model_dir):
 def _spans(collector, rollout_id, expected_llm_calls):
     conn = connect(collector.data_dir)
 
-    def query():
-        return conn.execute(
-            "SELECT s.span_id, s.parent_span_id, s.name, s.span_kind, w.is_wrapper, s.prompt_token_ids, "
-            "s.completion_token_ids, s.completion_logprobs, s.token_count_completion, s.policy_version "
-            "FROM spans s LEFT JOIN llm_spans w USING (trace_id, span_id) WHERE s.rollout_id = ? ORDER BY s.start_time",
-            [rollout_id],
-        ).fetchall()
+    def query():  # the collector compacts meanwhile: a file listed, then deleted, is listed again
+        return retry_vanished_files(
+            lambda: conn.execute(
+                "SELECT s.span_id, s.parent_span_id, s.name, s.span_kind, w.is_wrapper, s.prompt_token_ids, "
+                "s.completion_token_ids, s.completion_logprobs, s.token_count_completion, s.policy_version "
+                "FROM spans s LEFT JOIN llm_spans w USING (trace_id, span_id) WHERE s.rollout_id = ? "
+                "ORDER BY s.start_time",
+                [rollout_id],
+            ).fetchall()
+        )
 
     rows = wait_for(query, lambda r: sum(1 for x in r if x[3] == "LLM" and not x[4]) >= expected_llm_calls)
     columns = ["span_id", "parent", "name", "kind", "wrapper", "prompt", "completion", "logprobs", "count", "version"]
