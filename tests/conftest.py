@@ -63,7 +63,12 @@ def base_served(vllm_server, tiny_model_dir):
 @pytest.fixture(scope="session")
 def session_collector(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("session-traces")
-    with CollectorProcess(data_dir, flush_interval_s=0.2, log_path=data_dir.parent / "collector.log") as collector:
+    # Compacted inputs stay for the whole session: a test's query that listed a file never finds it gone
+    # (deletion after compaction has its own tests, on their own collectors).
+    keep = ["--compact-grace-s", "86400"]
+    with CollectorProcess(
+        data_dir, flush_interval_s=0.2, log_path=data_dir.parent / "collector.log", extra_args=keep
+    ) as collector:
         yield collector
 
 
