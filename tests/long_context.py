@@ -133,3 +133,20 @@ dir = "{state}"
     )
     assert run.returncode == 0, run.stderr[-4000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def train_then_next_run_is_served_by_it(collector, long_context, gateway, task_id: str, state: Path, next_run) -> None:
+    """`lightning-otel train` on the task's rewarded rollouts swaps version 1 into the replica and the
+    gateway; then `next_run()` (a rollout id: one more CLI run) has every call served by version 1."""
+    from responses_checks import calls_of, check_trainable
+
+    from lightning_otel.core.vllm_admin import VLLMAdmin
+
+    outcome = train_on_task(collector, long_context, task_id, state)
+    assert outcome["status"] == "trained" and outcome["rollouts"] == 2 and outcome["version"] == "1", outcome
+    assert VLLMAdmin(long_context.server.url).weight_version() == "1"
+    assert gateway_version(gateway.url) == "1"  # the gateway's header agrees with the replica
+    calls = calls_of(collector, next_run(), 1)
+    assert [call["version"] for call in calls] == ["1"] * len(calls)  # served by the trained weights
+    for call in calls:
+        check_trainable(long_context.server, call)

@@ -19,11 +19,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from long_context import gateway_version, harness, train_on_task, wait_for_rewards
+from long_context import harness, train_then_next_run_is_served_by_it, wait_for_rewards
 from npm_packages import CLAUDE_CODE, install
 from responses_checks import calls_of, check_trainable
-
-from lightning_otel.core.vllm_admin import VLLMAdmin
 
 PROMPT = "Add a docstring to greet() in greet.py."
 
@@ -59,14 +57,10 @@ def test_claude_code_rollouts_train_and_the_next_run_is_served_by_the_new_weight
         harness.post_reward(cli_gateway.url, rollout_id, task_id, reward)
     assert wait_for_rewards(session_collector, task_id, 2) == rewards
 
-    outcome = train_on_task(session_collector, long_context_vllm, task_id, tmp_path / "state")
-    assert outcome["status"] == "trained" and outcome["rollouts"] == 2 and outcome["version"] == "1", outcome
-    assert VLLMAdmin(vllm.url).weight_version() == "1"
-    assert gateway_version(cli_gateway.url) == "1"  # the gateway's header agrees with the replica
+    def next_run() -> str:
+        after = f"claude-code-{tag}-c"
+        _claude_rollout(claude, cli_gateway, after, task_id, tmp_path)
+        return after
 
-    after = f"claude-code-{tag}-c"
-    _claude_rollout(claude, cli_gateway, after, task_id, tmp_path)
-    calls = calls_of(session_collector, after, 1)
-    assert [call["version"] for call in calls] == ["1"] * len(calls)  # served by the trained weights
-    for call in calls:
-        check_trainable(vllm, call)
+    state = tmp_path / "state"
+    train_then_next_run_is_served_by_it(session_collector, long_context_vllm, cli_gateway, task_id, state, next_run)
