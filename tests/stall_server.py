@@ -5,7 +5,8 @@ GET /v1/models (owned_by vllm), GET /weight_info (the version in `state`), POST 
 OTLP sink: 200, body dropped), POST /control (JSON merged into `state`, for a server run as
 `python stall_server.py`, in a process of its own so that it does not compete with the agent for its
 GIL). While `state["hang"]` is true, /weight_info is accepted and never
-answered, as a server stuck mid-swap does; `state["hang_models"]` does the same to /v1/models. A real socket on 127.0.0.1; `stop()` closes it.
+answered, as a server stuck mid-swap does; `state["weight_delay_s"]` delays its answer, as a busy
+server's; `state["hang_models"]` does the same to /v1/models. A real socket on 127.0.0.1; `stop()` closes it.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class StallServer:
             if state["hang"]:
                 self.released.wait()  # accepted, never answered
                 return
+            time.sleep(state.get("weight_delay_s", 0.0))  # a replica too busy to answer at once
             reply = {"weight_version": state["version"]}
         elif path == "/v1/models":
             if state.get("hang_models"):  # as /weight_info: accepted, never answered

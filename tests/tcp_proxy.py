@@ -14,7 +14,7 @@ class FlakyProxy:
     ) -> None:
         self.target = (target_host, target_port)
         self.drop_first = drop_first
-        self.hold = hold  # requests reach the target only once this is set
+        self.hold = hold  # POST requests reach the target only once this is set (GETs, e.g. /weight_info, pass)
         self.connections = 0
         self.requests = 0
         self.port = 0
@@ -54,8 +54,9 @@ class FlakyProxy:
             try:
                 while data := await src.read(65536):
                     if count:
-                        self.requests += data.count(b"POST /")
-                        while self.hold is not None and not self.hold.is_set():
+                        posts = data.count(b"POST /")
+                        self.requests += posts
+                        while posts and self.hold is not None and not self.hold.is_set():
                             await asyncio.sleep(0.01)
                     dst.write(data)
                     await dst.drain()

@@ -67,6 +67,7 @@ class _Upstream:
     inflight: int = 0  # requests dispatched and not yet answered
     gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: dispatch; clear: a swap is draining it
     version_owned: bool = False  # the gateway swapped it: it knows the version, do not poll it
+    version_unknowable: bool = False  # /weight_info is not served: responses carry no version
 
     def __post_init__(self) -> None:
         self.gate.set()
@@ -167,20 +168,25 @@ class Gateway:
         """Track each replica's weight version (vLLM dev-mode /weight_info) and health."""
         while True:
             for upstream in self.upstreams:
-                if upstream.version_owned:
-                    continue
-                try:
-                    async with self._session().get(
-                        upstream.url + WEIGHT_INFO_PATH,
-                        headers=self._upstream_headers(),
-                        timeout=ClientTimeout(total=2),
-                    ) as reply:
-                        if reply.status == 200:
-                            upstream.version = weight_version_of(await reply.json())
-                    upstream.healthy = True
-                except (TimeoutError, ClientError, ValueError, KeyError):
-                    upstream.healthy = False
+                if not upstream.version_owned:
+                    await self._read_version(upstream, timeout_s=2)
             await asyncio.sleep(_VERSION_POLL_S)
+
+    async def _read_version(self, upstream: _Upstream, timeout_s: float) -> None:
+        """Ask the replica its weight version; a replica that does not answer is marked unhealthy."""
+        try:
+            async with self._session().get(
+                upstream.url + WEIGHT_INFO_PATH,
+                headers=self._upstream_headers(),
+                timeout=ClientTimeout(total=timeout_s),
+            ) as reply:
+                if reply.status == 200:
+                    upstream.version = weight_version_of(await reply.json())
+                else:  # not a dev-mode server: it has no version to report
+                    upstream.version_unknowable = True
+            upstream.healthy = True
+        except (TimeoutError, ClientError, ValueError, KeyError):
+            upstream.healthy = False
 
     # -- routing ---------------------------------------------------------------------------------
     def _replicas(self, rollout_id: str | None) -> list[_Upstream]:
@@ -265,6 +271,9 @@ class Gateway:
             upstream.inflight += 1
             if call.adapter is not None:
                 self.adapter_inflight[call.adapter[0]] += 1
+            if call.adapter is None and upstream.version is None and not upstream.version_unknowable:
+                # before the first poll answered (a busy replica): read it now, so no response lacks it
+                await self._read_version(upstream, timeout_s=min(30.0, self.config.timeout_s))
             call.version = call.adapter[1] if call.adapter is not None else upstream.version
             try:
                 outcome = await self._attempt(request, path, raw, headers, call, buffer)
