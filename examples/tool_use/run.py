@@ -121,19 +121,19 @@ def held_out_solved_share(model, tokenizer, tasks: list[tuple[str, int]], max_to
     return solved / len(tasks)
 
 
-def copy_probabilities(model, tokenizer, tasks: list[tuple[str, int]]) -> list[float]:
+def copy_probabilities(model, tokenizer, tasks: list[tuple[str, int]], batch_size: int = 16) -> list[float]:
     """Teacher-forced over `tasks`' solved conversations: the mean probability of the right digit at
     each of the four digits the call copies from the question, then the four the answer copies from
-    the tool's result (eight numbers)."""
+    the tool's result (eight numbers). The conversations run `batch_size` at a time, right-padded (a
+    causal model's logits at a position do not depend on the padding after it): the warm-up asks this
+    every 5 steps; 16 at a time took 0.47 s where one at a time took 0.69 s (64 tasks, 2 cores)."""
     import torch
 
     tools = [calculator_task.tool_schema()]
     digits = set(tokenizer.convert_tokens_to_ids(list("0123456789")))
-    by_step: list[list[list[float]]] = [[], []]  # [call, answer] -> one row of four per task
-    was_training = model.training
-    model.eval()
+    sequences: list[tuple[int, list[int], int]] = []  # (0 call / 1 answer, full ids, prompt length)
     for question, result in tasks:
-        for rows, pair in zip(by_step, calculator_task.solved_conversation(question, result)):
+        for which, pair in enumerate(calculator_task.solved_conversation(question, result)):
             prompt, full = (
                 tokenizer.encode(tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **extra))
                 for messages, extra in (
@@ -141,11 +141,21 @@ def copy_probabilities(model, tokenizer, tasks: list[tuple[str, int]]) -> list[f
                     (pair["prompt"] + pair["completion"], {}),
                 )
             )
-            with torch.no_grad():
-                logprobs = model(torch.tensor([full])).logits[0].log_softmax(-1)
-            rows.append(
-                [logprobs[t - 1, full[t]].exp().item() for t in range(len(prompt), len(full)) if full[t] in digits][:4]
-            )
+            sequences.append((which, full, len(prompt)))
+    by_step: list[list[list[float]]] = [[], []]  # [call, answer] -> one row of four per task
+    was_training = model.training
+    model.eval()
+    for first in range(0, len(sequences), batch_size):
+        batch = sequences[first : first + batch_size]
+        width = max(len(full) for _, full, _ in batch)
+        ids = torch.tensor([full + [tokenizer.pad_token_id] * (width - len(full)) for _, full, _ in batch])
+        mask = torch.tensor([[1] * len(full) + [0] * (width - len(full)) for _, full, _ in batch])
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits
+        for row, (which, full, start) in enumerate(batch):
+            at = [t for t in range(start, len(full)) if full[t] in digits][:4]
+            logprobs = logits[row, [t - 1 for t in at]].log_softmax(-1)
+            by_step[which].append([logprobs[k, full[t]].exp().item() for k, t in enumerate(at)])
     model.train(was_training)
     return [sum(row[k] for row in rows) / len(rows) for rows in by_step for k in range(4)]
 
