@@ -17,6 +17,7 @@ cause, the detail's first clause and the message the next prompt ends with.
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -91,6 +92,54 @@ def store_figures(data_dir: Path) -> dict:
     }
 
 
+def relayed(command: list[str]) -> tuple[str, int]:
+    """Run `command`, printing its output line by line as it comes (progress, also through a pipe);
+    returns the output and the exit code."""
+    lines = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as run:
+        assert run.stdout is not None
+        for line in run.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    return "".join(lines), run.returncode
+
+
+EVAL_LINE = re.compile(r"^eval \| version\s+(\S+) \|\s+(\d+) tasks .*solved\s+([\d.]+)% \[([\d.]+)% to ([\d.]+)%\]")
+WARM_UP_LINE = re.compile(r"^SFT warm-up: (\d+) steps in (\d+) s")
+
+
+def eval_rows(output: str) -> list[tuple[str, int, float, float, float]]:
+    """The held-out evaluation lines run.py printed, in order: (version, tasks, solved, low, high)."""
+    found = [EVAL_LINE.match(line) for line in output.splitlines()]
+    return [(m[1], int(m[2]), float(m[3]) / 100, float(m[4]) / 100, float(m[5]) / 100) for m in found if m is not None]
+
+
+def warm_up_of(output: str) -> tuple[int, int] | None:
+    """(steps, seconds) of the SFT warm-up, from run.py's line; None when it reused an earlier one."""
+    match = next((m for m in map(WARM_UP_LINE.match, output.splitlines()) if m), None)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def print_evaluations(evaluations: list, minutes: float | None) -> None:
+    """The learning bar on held-out tasks: eval solved before the first update and at the end, the
+    ratio, and whether it is at least 3x and at least 40% (the bar of issue 35)."""
+    within = f" within {minutes:g} minutes of iterations" if minutes is not None else ""
+    print(f"\nheld-out evaluation{within} (run.py's eval lines; 95% interval):")
+    print("seed | warm-up steps / s | eval versions | solved, start | solved, end | x | >= 3x and >= 40%")
+    for seed, warm_up, evals in evaluations:
+        if len(evals) < 2:
+            print(f"{seed} | - | {len(evals)} | - | - | - | no eval before and after training")
+            continue
+        (_, _, start, low0, high0), (version, _, end, low1, high1) = evals[0], evals[-1]
+        ratio = end / start if start else float("inf")
+        steps = f"{warm_up[0]} / {warm_up[1]}" if warm_up else "reused"
+        met = "yes" if ratio >= 3 and end >= 0.4 else "no"
+        print(
+            f"{seed} | {steps} | {len(evals)} (last: {version}) | {start:.1%} [{low0:.1%}, {high0:.1%}] | "
+            f"{end:.1%} [{low1:.1%}, {high1:.1%}] | {ratio:.1f} | {met}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", required=True)
@@ -104,7 +153,7 @@ def main() -> int:
     parser.add_argument("extra", nargs="*", help="more flags for run.py (after --)")
     args = parser.parse_args()
 
-    summary = []
+    summary, evaluations = [], []
     for seed in args.seeds:
         workdir = Path(args.workdir) / f"seed-{seed}"
         command = [
@@ -125,11 +174,10 @@ def main() -> int:
             output = (workdir / "run.out").read_text()
         else:
             print("$ " + " ".join(command), flush=True)
-            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            (workdir / "run.out").write_text(output := done.stdout)
-            print(output, flush=True)
-            if done.returncode != 0:
-                print(f"seed {seed}: run.py exited with {done.returncode}")
+            output, returncode = relayed(command)
+            (workdir / "run.out").write_text(output)
+            if returncode != 0:
+                print(f"seed {seed}: run.py exited with {returncode}")
                 return 1
         table = rows(output)
         solved = [percent(row["solved"]) for row in table]
@@ -137,6 +185,7 @@ def main() -> int:
         figures = store_figures(workdir / "traces")
         wall = float("nan") if args.summarize else time.perf_counter() - began
         figures.update(run_totals(table))
+        evaluations.append((seed, warm_up_of(output), eval_rows(output)))
         first3 = solved[:3]
         summary.append(
             (
@@ -152,6 +201,7 @@ def main() -> int:
             )
         )
 
+    print_evaluations(evaluations, args.minutes)
     # "x" divides by iteration 1 (the warm-up's weights, one iteration's tasks: noisy); "x, first 3"
     # by the first three iterations' mean, which two RL steps may already have raised
     print(

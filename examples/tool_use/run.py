@@ -23,6 +23,10 @@ WARM_UP_SLIPPED_DIGITS = 0.25
 # probability (the demonstrator's is 0.75; chance is 1/7 for an operand's first digit) ...
 WARM_UP_COPIED = 0.6
 WARM_UP_SOLVED = 0.05  # ... and the model solves this share of held-out tasks (the call's format too)
+# Steps between checks. A check costs about as much as one and a half steps; when one passes,
+# sft_warmup re-checks the steps since the last and keeps the first that passes, so a wider gap
+# moves the stopping step only where the check's answer flips back and forth between checks.
+WARM_UP_CHECK_EVERY = 10
 # AdamW's decoupled weight decay in the warm-up: without it seed 1 never started copying (600 steps);
 # with it seeds 0, 1 and 2 did by step 375 (BENCHMARKS.md, "Warm-up trials"; not shown to hold for all)
 WARM_UP_WEIGHT_DECAY = 0.1
@@ -126,7 +130,7 @@ def copy_probabilities(model, tokenizer, tasks: list[tuple[str, int]], batch_siz
     each of the four digits the call copies from the question, then the four the answer copies from
     the tool's result (eight numbers). The conversations run `batch_size` at a time, right-padded (a
     causal model's logits at a position do not depend on the padding after it): the warm-up asks this
-    every 5 steps; 16 at a time took 0.47 s where one at a time took 0.69 s (64 tasks, 2 cores)."""
+    every WARM_UP_CHECK_EVERY steps; 16 at a time took 0.47 s where one at a time took 0.69 s (64 tasks, 2 cores)."""
     import torch
 
     tools = [calculator_task.tool_schema()]
@@ -176,7 +180,7 @@ def warm_up_data(
 
 def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) -> Path:
     """SFT on solved rollouts, ending at the first step where the model gives every copied digit at
-    least WARM_UP_COPIED and solves at least WARM_UP_SOLVED of held-out tasks (asked every 5 steps;
+    least WARM_UP_COPIED and solves at least WARM_UP_SOLVED of held-out tasks (asked every WARM_UP_CHECK_EVERY steps;
     `sft_warmup` then finds the first step that passes): it has the call's format and imitates the
     demonstrator's copies, each right only most of the time (WARM_UP_SLIPPED_DIGITS)."""
     examples, held_out = warm_up_data(seed)
@@ -199,6 +203,7 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
         learning_rate,
         seed,
         stop_when=solves_enough,
+        check_every=WARM_UP_CHECK_EVERY,
         weight_decay=WARM_UP_WEIGHT_DECAY,
     )
 
