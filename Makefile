@@ -71,7 +71,7 @@ test: system browser node lint
 test-sdk-matrix: setup
 	$(PY) tests/sdk_matrix.py
 
-# Seed 2: its warm-up is the shortest of the three measured (960 steps; seed 0's 2,586), see examples/tool_use
+# Seed 2: its warm-up (1,464 steps) is the shortest measured, see examples/tool_use
 demo: system setup
 	$(PY) examples/tool_use/run.py --seed 2
 
