@@ -1,6 +1,6 @@
 """Capture the dashboard screenshots in this folder from a real trace store.
 
-    python docs/screenshots/capture.py --data-dir demo-runs/digit_sum/traces --tokenizer demo-runs/digit_sum/sft
+    python docs/screenshots/capture.py --data-dir demo-runs/tool_use/traces --tokenizer demo-runs/tool_use/sft   # after make demo
 
 Starts `lightning-otel dashboard` on a free loopback port, opens each view in Debian's Chromium
 (Playwright drives it; no browser is downloaded) and writes overview.png, training.png,
