@@ -28,7 +28,9 @@ os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
 os.environ.setdefault("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "2")  # a local server that fails will fail again
 
 
-def run_rollout(task: coding_task.Task, config: dict, base_url: str, model_name: str, max_tokens: int) -> float:
+def run_rollout(
+    task: coding_task.Task, config: dict, base_url: str, model_name: str, max_tokens: int, split: str
+) -> float:
     from minisweagent.agents.default import DefaultAgent
     from minisweagent.environments.local import LocalEnvironment
     from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
@@ -44,7 +46,7 @@ def run_rollout(task: coding_task.Task, config: dict, base_url: str, model_name:
     with tempfile.TemporaryDirectory(prefix="coding-rollout-") as directory:
         repo = coding_task.make_repo(task, Path(directory))
         agent = DefaultAgent(model, LocalEnvironment(**config["environment"], cwd=str(repo)), **config["agent"])
-        with lightning_otel.rollout(task_id=task.encode()):
+        with lightning_otel.rollout(task_id=task.encode(), split=split):
             agent.run(task.text)  # ends submitted, out of steps, or after repeated format errors
             value = coding_task.reward(task, repo)
             lightning_otel.reward(value)
@@ -60,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-limit", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--split", default="train", choices=("train", "eval"), help="eval: never trained on")
     args = parser.parse_args(argv)
 
     instrumentation = lightning_otel.instrument(service_name="coding-agent")
@@ -67,7 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     jobs = [coding_task.Task.decode(text) for text in args.tasks.split(";") for _ in range(args.rollouts)]
     with ThreadPoolExecutor(args.concurrency) as pool:
         rewards = list(
-            pool.map(lambda task: run_rollout(task, config, args.base_url, args.model, args.max_tokens), jobs)
+            pool.map(
+                lambda task: run_rollout(task, config, args.base_url, args.model, args.max_tokens, args.split), jobs
+            )
         )
     instrumentation.flush()
     print(f"coding agent: {len(rewards)} rollouts, mean reward {sum(rewards) / len(rewards):.3f}")

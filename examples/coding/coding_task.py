@@ -10,10 +10,20 @@ The agent is mini-SWE-agent with its stock text-based configuration (`mini_textb
 bash block per answer); `agent_config` only sets the step limit. `sft_examples` runs that same
 agent with mini-SWE-agent's scripted model (fix, run the test, submit) on generated repositories,
 so the warm-up shows the model exactly the conversations the harness builds.
+
+Splits: every task belongs to exactly one of SPLITS, by a hash of its text (`split_of`: the module,
+the function and the arguments; the wrong operator is not in the text), so the warm-up's scripted
+runs, the RL tasks and the held-out evaluation never share a task text, whatever the seed: disjoint by
+construction (tests/examples/test_example_task_splits.py). A held-out task is an unseen combination of
+a module, a function and two arguments, each seen in other tasks; its fix is the same kind of `sed`
+on the module's operator the warm-up shows, so the evaluation measures whether the agent carries that
+over to a task text it was never trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import random
 import subprocess
 import sys
@@ -24,6 +34,12 @@ from pathlib import Path
 OPERATORS = {"add": "+", "subtract": "-", "multiply": "*"}
 MODULES = ("calc", "mathlib", "arith", "ops", "numbers")
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# Shares of the 960 task texts (5 modules x 3 functions x 8 x 8 arguments), in percent of the hash
+# space; each text comes with both wrong operators: 200 eval tasks (100 texts), 550 warm-up, 1,170 RL.
+SPLITS = {"eval": 10, "warm_up": 30, "rl": 60}
+# The fixed held-out evaluation set (`eval_tasks`): 32 rollouts, about two RL iterations' worth on CPU
+# (4 tasks x 4 rollouts each), run before the first update and at the end of a default run.
+EVAL_TASKS = 32
 
 
 @dataclass(frozen=True)
@@ -61,10 +77,39 @@ class Task:
         return cls(module, function, wrong, int(x), int(y))
 
 
-def make_task(rng: random.Random) -> Task:
-    function = rng.choice(sorted(OPERATORS))
-    wrong = rng.choice(sorted(set(OPERATORS.values()) - {OPERATORS[function]}))
-    return Task(rng.choice(MODULES), function, wrong, rng.randint(2, 9), rng.randint(2, 9))
+def split_of(task: Task) -> str:
+    """The split `task` belongs to: a hash of its text (not of a seed) into SPLITS' shares. Two tasks
+    that differ only in the wrong operator have one text, so they share a split."""
+    bucket = int.from_bytes(hashlib.sha256(task.text.encode()).digest()[:8], "big") % 100
+    return next(split for split, end in zip(SPLITS, itertools.accumulate(SPLITS.values())) if bucket < end)
+
+
+def _every_task() -> list[Task]:
+    return [
+        Task(module, function, wrong, x, y)
+        for module in MODULES
+        for function in sorted(OPERATORS)
+        for wrong in sorted(set(OPERATORS.values()) - {OPERATORS[function]})
+        for x in range(2, 10)
+        for y in range(2, 10)
+    ]
+
+
+_TASKS = {split: [task for task in _every_task() if split_of(task) == split] for split in SPLITS}
+
+
+def make_task(rng: random.Random, split: str = "rl") -> Task:
+    """A task drawn from `split` (each of the 1,920 tasks is in one)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
+    return rng.choice(_TASKS[split])
+
+
+def eval_tasks(count: int = EVAL_TASKS) -> list[Task]:
+    """The held-out evaluation set: `count` tasks of the eval split (no two with one text), the same
+    for every seed."""
+    one_per_text = list({task.text: task for task in _TASKS["eval"]}.values())
+    return random.Random("eval").sample(one_per_text, count)
 
 
 def make_repo(task: Task, directory: Path) -> Path:
@@ -112,7 +157,7 @@ def sft_examples(count: int, rng: random.Random, step_limit: int) -> list[dict]:
     examples = []
     with tempfile.TemporaryDirectory(prefix="coding-sft-") as root:
         for index in range(count):
-            task = make_task(rng)
+            task = make_task(rng, "warm_up")
             repo = make_repo(task, Path(root) / str(index))
             outputs = [
                 make_output(

@@ -36,8 +36,7 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
     return training_loop.sft_warmup(base, out, examples, None, steps, learning_rate, seed, batch_size=8)
 
 
-def run_agent(iteration: training_loop.Iteration) -> int:
-    tasks = [coding_task.make_task(iteration.rng) for _ in range(iteration.tasks)]
+def _ask(iteration: training_loop.Iteration, tasks: list, rollouts: int) -> int:
     iteration.run_script(
         HERE / "coding_agent.py",
         "--base-url",
@@ -47,11 +46,25 @@ def run_agent(iteration: training_loop.Iteration) -> int:
         "--tasks",
         ";".join(task.encode() for task in tasks),
         "--rollouts",
-        str(iteration.rollouts_per_task),
+        str(rollouts),
         "--step-limit",
         str(STEP_LIMIT),
+        "--split",
+        iteration.split,
     )
-    return len(tasks) * iteration.rollouts_per_task
+    return len(tasks) * rollouts
+
+
+def run_agent(iteration: training_loop.Iteration) -> int:
+    tasks = [coding_task.make_task(iteration.rng) for _ in range(iteration.tasks)]
+    return _ask(iteration, tasks, iteration.rollouts_per_task)
+
+
+def run_eval(iteration: training_loop.Iteration) -> int:
+    """The held-out set (coding_task.eval_tasks: no warm-up or RL task), one rollout each; only its
+    first `iteration.tasks` when that is set (--eval-tasks)."""
+    held_out = coding_task.eval_tasks()
+    return _ask(iteration, held_out[: iteration.tasks or len(held_out)], 1)
 
 
 EXAMPLE = training_loop.Example(
@@ -60,6 +73,7 @@ EXAMPLE = training_loop.Example(
     build_model=build_model,
     warm_up=warm_up,
     run_agent=run_agent,
+    run_eval=run_eval,
     micro_batch_size=16,
     defaults={"iterations": 5, "tasks": 4, "rollouts_per_task": 4, "sft_steps": 40},
 )

@@ -49,9 +49,7 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
     return training_loop.sft_warmup(base, out, examples, [tool_schema(db)], steps, learning_rate, seed)
 
 
-def run_agent(iteration: training_loop.Iteration) -> int:
-    db = database(iteration.workdir)
-    tasks = [sql_task.make_task(iteration.rng) for _ in range(iteration.tasks)]
+def _ask(iteration: training_loop.Iteration, tasks: list[tuple[str, str]], rollouts: int) -> int:
     iteration.run_script(
         HERE / "sql_agent.py",
         "--base-url",
@@ -59,13 +57,28 @@ def run_agent(iteration: training_loop.Iteration) -> int:
         "--model",
         iteration.model,
         "--database",
-        str(db),
+        str(database(iteration.workdir)),
         "--tasks",
         ";".join(f"{question}={gold}" for question, gold in tasks),
         "--rollouts",
-        str(iteration.rollouts_per_task),
+        str(rollouts),
+        "--split",
+        iteration.split,
     )
-    return len(tasks) * iteration.rollouts_per_task
+    return len(tasks) * rollouts
+
+
+def run_agent(iteration: training_loop.Iteration) -> int:
+    return _ask(
+        iteration, [sql_task.make_task(iteration.rng) for _ in range(iteration.tasks)], iteration.rollouts_per_task
+    )
+
+
+def run_eval(iteration: training_loop.Iteration) -> int:
+    """The held-out set (sql_task.eval_tasks: no warm-up or RL question), one rollout each; only its
+    first `iteration.tasks` when that is set (--eval-tasks)."""
+    held_out = sql_task.eval_tasks()
+    return _ask(iteration, held_out[: iteration.tasks or len(held_out)], 1)
 
 
 EXAMPLE = training_loop.Example(
@@ -74,6 +87,7 @@ EXAMPLE = training_loop.Example(
     build_model=build_model,
     warm_up=warm_up,
     run_agent=run_agent,
+    run_eval=run_eval,
     tool_call_parser="hermes",
     # 240 warm-up steps: with 60 the model made no tool call vLLM accepted; RL at 2e-3 stopped the calls
     defaults={"iterations": 10, "tasks": 8, "rollouts_per_task": 4, "sft_steps": 240, "learning_rate": 3e-4},

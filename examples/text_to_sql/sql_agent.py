@@ -42,10 +42,12 @@ def make_run_sql(database: Path, results: list) -> BaseTool:
     return run_sql
 
 
-async def run_rollout(model: ChatOpenAI, database: Path, question: str, gold: str, recursion_limit: int) -> float:
+async def run_rollout(
+    model: ChatOpenAI, database: Path, question: str, gold: str, recursion_limit: int, split: str
+) -> float:
     results: list = []
     agent = create_agent(model, tools=[make_run_sql(database, results)], system_prompt=sql_task.SYSTEM_PROMPT)
-    with lightning_otel.rollout(task_id=question):
+    with lightning_otel.rollout(task_id=question, split=split):
         with contextlib.suppress(GraphRecursionError):  # too many steps: scored on what it ran
             await agent.ainvoke(
                 {"messages": [{"role": "user", "content": question}]}, {"recursion_limit": recursion_limit}
@@ -55,8 +57,10 @@ async def run_rollout(model: ChatOpenAI, database: Path, question: str, gold: st
         return value
 
 
-async def run_all(model: ChatOpenAI, database: Path, jobs: list[tuple[str, str]], recursion_limit: int) -> list[float]:
-    return await asyncio.gather(*(run_rollout(model, database, q, gold, recursion_limit) for q, gold in jobs))
+async def run_all(
+    model: ChatOpenAI, database: Path, jobs: list[tuple[str, str]], recursion_limit: int, split: str
+) -> list[float]:
+    return await asyncio.gather(*(run_rollout(model, database, q, gold, recursion_limit, split) for q, gold in jobs))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--recursion-limit", type=int, default=5, help="LangGraph steps: model, tool, model, tool, model"
     )
+    parser.add_argument("--split", default="train", choices=("train", "eval"), help="eval: never trained on")
     args = parser.parse_args(argv)
 
     instrumentation = lightning_otel.instrument(service_name="text-to-sql-agent")
@@ -83,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     tasks = [tuple(task.split("=", 1)) for task in args.tasks.split(";")]
     jobs = [task for task in tasks for _ in range(args.rollouts)]
-    rewards = asyncio.run(run_all(model, args.database, jobs, args.recursion_limit))
+    rewards = asyncio.run(run_all(model, args.database, jobs, args.recursion_limit, args.split))
     instrumentation.flush()
     print(f"text-to-sql agent: {len(rewards)} rollouts, mean reward {sum(rewards) / len(rewards):.3f}")
 
