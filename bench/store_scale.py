@@ -8,7 +8,8 @@ With `--days` every store covers the same days (a bigger store is busier traffic
 `--spans-per-hour` the traffic is the same and a bigger store covers more days (a store that grows).
 
 Each store is written with the collector's own Store, one compacted file per service and hour over
-`--days` days ending now (the layout a flushing, compacting collector leaves): rollouts of 8 spans (a
+`--days` days ending now, written as compaction writes them (compaction.write_compacted: sorted by
+rollout, row groups with Bloom filters; the layout a flushing, compacting collector leaves): rollouts of 8 spans (a
 root, 4 LLM calls with 64 prompt and 16 completion ids, 2 tool calls, 1 reward), spread evenly over
 the hours. The job's state is the steady state of a job that runs every few minutes: every rollout
 but the newest `--untrained` in the trained ledger (with start times), and a watermark 10 minutes
@@ -35,6 +36,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightning_otel.collector import connect
+from lightning_otel.collector.compaction import write_compacted
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.trainer.checkpoints import CheckpointStore
@@ -128,7 +130,7 @@ def build(data_dir: Path, state_dir: Path, spans: int, days: int, untrained: int
     ledger_ids, ledger_starts = [], []
     for h in range(hours):
         table = hour_table(h * per_hour, per_hour, (first_hour + h) * 3_600_000_000)
-        store.write(table, f"{store.partition_dir('agent', first_hour + h)}/compact-{h:05d}.parquet")
+        write_compacted(store, table, f"{store.partition_dir('agent', first_hour + h)}/compact-{h:05d}.parquet")
         roots = table.filter(table.column("is_rollout_root"))
         ledger_ids.append(roots.column("rollout_id"))
         ledger_starts.append(roots.column("start_time").cast(pa.int64()))

@@ -19,11 +19,10 @@ import gzip
 import logging
 import multiprocessing
 import os
-import secrets
 import signal
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -32,14 +31,14 @@ from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
+from lightning_otel.collector import list_pages
+from lightning_otel.collector.compaction import compact_files
 from lightning_otel.collector.quarantine import describe, quarantine_records, quarantine_segment
-from lightning_otel.collector.span_decoder import batch_from_body, keep_freed_memory
+from lightning_otel.collector.span_decoder import assemble_bodies, decode_body, keep_freed_memory
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
-from lightning_otel.collector.store import Store, lists_with_values
+from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import GZIP, WriteAheadLog, read_records
 
 log = logging.getLogger(__name__)
@@ -54,27 +53,51 @@ MAX_RETRY_DELAY_S = 60.0
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.ENOMEM}
 
 
-def convert_segment(store_uri: str, wal_path: str, segment: str, verify: bool = True) -> tuple[int, int]:
+def convert_segment(
+    store_uri: str, wal_path: str, segment: str, verify: bool = True
+) -> tuple[int, int, dict[str, int]]:
     """WAL segment -> Parquet files, then delete the segment. Runs in a worker process.
 
     Each export body is decoded on its own: one that fails is quarantined (durably, before the
-    segment goes) and the others are converted. Returns (rows written, bodies quarantined)."""
+    segment goes) and the others are converted. Returns (rows written, bodies quarantined, files
+    list_pages handed to pyarrow whole, by reason): the counts live in the worker, the receiver
+    reports them."""
     store = Store(store_uri)
-    batches, failed = [], []
+    fallbacks_before = list_pages.fallback_counts()
+    decoded, failed = [], []
     for index, (payload, flags) in enumerate(read_records(Path(wal_path), verify)):
         try:
-            batches.append(batch_from_body(gzip.decompress(payload) if flags & GZIP else payload))
+            decoded.append((index, payload, flags, decode_body(gzip.decompress(payload) if flags & GZIP else payload)))
         except MemoryError:
             raise  # the machine's state, not the body's: the segment is tried again (Pipeline._failed)
         except Exception as exc:  # any failure of one body is that body's: the rest still converts
             failed.append((index, payload, flags, describe(exc)))
+    try:
+        batches = assemble_bodies([body for *_, body in decoded])  # the segment's bodies together
+    except MemoryError:
+        raise
+    except Exception:  # a body whose columns do not build: body by body, to quarantine that one alone
+        batches = []
+        for index, payload, flags, body in decoded:
+            try:
+                batches += assemble_bodies([body])
+            except MemoryError:
+                raise
+            except Exception as exc:
+                failed.append((index, payload, flags, describe(exc)))
+        failed.sort(key=lambda record: record[0])
     if failed:
         quarantine_records(store, Path(wal_path).parent, segment, failed)
     rows = sum(b.num_rows for b in batches)
     if rows:
         store.write_segment(segment, pa.Table.from_batches(batches, SPANS_SCHEMA))
     os.unlink(wal_path)
-    return rows, len(failed)
+    fallbacks = {
+        reason: count - fallbacks_before.get(reason, 0)
+        for reason, count in list_pages.fallback_counts().items()
+        if count > fallbacks_before.get(reason, 0)
+    }
+    return rows, len(failed), fallbacks
 
 
 @contextlib.contextmanager
@@ -101,24 +124,6 @@ def _init_worker(nice: int) -> None:
 def _warm_up(seconds: float) -> None:
     """Runs in each new worker: the imports above are done; hold the worker so the pool spawns all."""
     time.sleep(seconds)
-
-
-def dedupe(table: pa.Table) -> pa.Table:
-    """Keep the first row of each (trace_id, span_id)."""
-    keys = pc.binary_join_element_wise(table.column("trace_id"), table.column("span_id"), "")
-    indexed = pa.table({"key": keys, "row": pa.array(range(table.num_rows), pa.int64())})
-    first = indexed.group_by("key", use_threads=False).aggregate([("row", "min")]).column("row_min")
-    return table.take(pc.sort_indices(first))
-
-
-def compact_files(store_uri: str, paths: list[str], target_dir: str) -> str:
-    """Merge `paths` into one deduplicated file in target_dir; returns its path. Worker process."""
-    store = Store(store_uri)
-    tables = [pq.read_table(p, filesystem=store.fs, schema=SPANS_SCHEMA) for p in paths]
-    merged = dedupe(pa.concat_tables(tables))
-    out = f"{target_dir}/compact-{secrets.token_hex(8)}.parquet"
-    store.write(merged, out, list_columns=lists_with_values(merged))
-    return out
 
 
 class _InlineExecutor(Executor):
@@ -168,6 +173,9 @@ class Pipeline:
         self.spans_written = 0
         self.quarantined_records = 0  # export bodies quarantined by this run
         self.quarantined_segments = 0  # whole segments quarantined by this run
+        # Parquet files of this run's conversions whose list columns pyarrow wrote instead of
+        # list_pages, by reason (slower, still correct); a kind is logged when first seen.
+        self.list_page_fallbacks: Counter[str] = Counter()
 
     def _new_executor(self) -> Executor:
         if self._workers <= 0:
@@ -199,7 +207,7 @@ class Pipeline:
                 continue
             del self._inflight[segment]
             try:
-                rows, quarantined = future.result()
+                rows, quarantined, fallbacks = future.result()
             except Exception as exc:
                 if isinstance(exc, BrokenProcessPool) and self.executor is broken:
                     # a worker died (killed, out of memory): a new pool; the segment counts an attempt
@@ -209,6 +217,15 @@ class Pipeline:
                 continue
             self._failures.pop(segment, None)
             self.spans_written += rows
+            for reason, count in fallbacks.items():
+                if not self.list_page_fallbacks[reason]:
+                    log.warning(
+                        "WAL segment %s: list columns written by pyarrow, not list_pages (%s); such"
+                        " files convert slower (Pipeline.list_page_fallbacks counts them, this is logged once)",
+                        segment,
+                        reason,
+                    )
+                self.list_page_fallbacks[reason] += count
             if quarantined:
                 self.quarantined_records += quarantined
                 log.warning(

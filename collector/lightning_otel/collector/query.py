@@ -187,6 +187,23 @@ def reward_by_version_sql(rollouts: str) -> str:
         FROM totals"""
 
 
+def _wrappers_sql() -> str:
+    """(trace_id, span_id, rollout_id) of each LLM span that is a wrapper (view_statements says when)."""
+    llm = _literal(schema.KIND_LLM)
+    return f"""
+        SELECT DISTINCT candidate.trace_id, candidate.span_id, candidate.rollout_id
+        FROM (SELECT trace_id, span_id, rollout_id, start_time, end_time FROM spans_raw
+              WHERE span_kind = {llm} AND completion_token_ids IS NULL) candidate
+        JOIN spans_raw inner_call ON inner_call.trace_id = candidate.trace_id
+        WHERE inner_call.span_kind = {llm} AND inner_call.span_id <> candidate.span_id
+          AND (inner_call.start_time >= candidate.start_time AND inner_call.end_time <= candidate.end_time
+               AND (inner_call.completion_token_ids IS NOT NULL
+                    OR inner_call.start_time > candidate.start_time OR inner_call.end_time < candidate.end_time
+                    OR inner_call.span_id > candidate.span_id)
+               OR inner_call.completion_token_ids IS NOT NULL
+                  AND candidate.start_time >= inner_call.start_time AND candidate.end_time <= inner_call.end_time)"""
+
+
 def view_statements(source: str) -> list[str]:
     llm, tool = _literal(schema.KIND_LLM), _literal(schema.KIND_TOOL)
     primary = _literal(schema.DEFAULT_REWARD_NAME)
@@ -208,22 +225,21 @@ def view_statements(source: str) -> list[str]:
         # Only LLM spans without ids are candidates, and the search reads spans_raw (duplicates are
         # identical copies, so they change no answer here): a correlated EXISTS over the
         # deduplicated view cost 2+ s over 1M spans (bench/query_join.py), this ~0.3 s.
+        # The wrappers are joined on rollout_id too (a span's copies share it), in two branches
+        # (with a rollout id, and without: `=` never matches NULL), so that DuckDB copies a filter
+        # on rollout_id into the wrapper search: one rollout's calls read its row groups, not the
+        # store (tests/collector/test_store_pruning.py). A subquery per branch, not one CTE: a CTE
+        # read twice is materialized whole, before any filter reaches it.
         f"""CREATE OR REPLACE VIEW llm_spans AS
-            WITH wrappers AS (
-                SELECT DISTINCT candidate.trace_id, candidate.span_id
-                FROM (SELECT trace_id, span_id, start_time, end_time FROM spans_raw
-                      WHERE span_kind = {llm} AND completion_token_ids IS NULL) candidate
-                JOIN spans_raw inner_call ON inner_call.trace_id = candidate.trace_id
-                WHERE inner_call.span_kind = {llm} AND inner_call.span_id <> candidate.span_id
-                  AND (inner_call.start_time >= candidate.start_time AND inner_call.end_time <= candidate.end_time
-                       AND (inner_call.completion_token_ids IS NOT NULL
-                            OR inner_call.start_time > candidate.start_time OR inner_call.end_time < candidate.end_time
-                            OR inner_call.span_id > candidate.span_id)
-                       OR inner_call.completion_token_ids IS NOT NULL
-                          AND candidate.start_time >= inner_call.start_time AND candidate.end_time <= inner_call.end_time))
             SELECT s.*, wrappers.span_id IS NOT NULL AS is_wrapper
-            FROM spans s LEFT JOIN wrappers ON wrappers.trace_id = s.trace_id AND wrappers.span_id = s.span_id
-            WHERE s.span_kind = {llm}""",
+            FROM spans s LEFT JOIN ({_wrappers_sql()}) wrappers
+                 ON wrappers.trace_id = s.trace_id AND wrappers.span_id = s.span_id AND wrappers.rollout_id = s.rollout_id
+            WHERE s.span_kind = {llm} AND s.rollout_id IS NOT NULL
+            UNION ALL
+            SELECT s.*, wrappers.span_id IS NOT NULL AS is_wrapper
+            FROM spans s LEFT JOIN ({_wrappers_sql()}) wrappers
+                 ON wrappers.trace_id = s.trace_id AND wrappers.span_id = s.span_id AND wrappers.rollout_id IS NULL
+            WHERE s.span_kind = {llm} AND s.rollout_id IS NULL""",
         f"""CREATE OR REPLACE VIEW llm_calls AS
             SELECT trace_id, span_id, parent_span_id, rollout_id, task_id, attempt, service_name, name,
                    start_time, end_time, duration_ms, status_code, status_message, model_name,
