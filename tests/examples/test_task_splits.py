@@ -54,11 +54,11 @@ def test_every_question_is_in_exactly_one_split_and_a_mirror_in_the_same_one():
 
 @pytest.mark.parametrize("seed", range(8))
 def test_warm_up_check_rl_and_eval_questions_are_disjoint_for_every_seed(seed):
-    iterations, tasks = tool_use.EXAMPLE.defaults["iterations"], tool_use.EXAMPLE.defaults["tasks"]
+    iterations, tasks = 40, tool_use.EXAMPLE.defaults["tasks"]  # 40: what --iterations 40 asks
     examples, check = tool_use.warm_up_data(seed)
     warm_up = {_operands(pair["prompt"][1]["content"]) for pair in examples}
     checked = {_operands(question) for question, _ in check}
-    rl = _rl_questions(seed, iterations * 4, tasks)  # four times the default run
+    rl = _rl_questions(seed, iterations * 4, tasks)  # four such runs
     evaluated = {_operands(question) for question, _ in calculator_task.eval_tasks()}
     assert len(evaluated) == calculator_task.EVAL_TASKS
     sets = {"warm_up": warm_up, "warm_up_check": checked, "rl": rl, "eval": evaluated}
