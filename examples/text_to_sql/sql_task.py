@@ -98,13 +98,12 @@ def make_database(path: Path, seed: int = 0) -> Path:
 def _tasks_of(template: tuple[str, str]) -> list[tuple[str, str]]:
     """Every (question, gold query) `template` makes, each once."""
     question, gold = template
-    made = []
-    for department, city, amount in itertools.product(DEPARTMENTS, CITIES, AMOUNTS):
-        values = {"department": department, "city": city, "amount": amount}
-        task = (question.format(**values), gold.format(**values))
-        if task not in made:  # a template without {city} makes the same task for every city
-            made.append(task)
-    return made
+    values = (
+        {"department": department, "city": city, "amount": amount}
+        for department, city, amount in itertools.product(DEPARTMENTS, CITIES, AMOUNTS)
+    )
+    # a template without {city} makes the same task for every city: kept once, in first-seen order
+    return list(dict.fromkeys((question.format(**v), gold.format(**v)) for v in values))
 
 
 def _split_template(tasks: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:

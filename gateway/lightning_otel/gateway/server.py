@@ -267,13 +267,14 @@ class Gateway:
             if not upstream.gate.is_set():  # swapping: another open replica rather than waiting
                 upstream = next((u for u in replicas if u.gate.is_set() and u.healthy), upstream)
             call.upstream = upstream
+            if call.adapter is None and upstream.version is None and not upstream.version_unknowable:
+                # before the first poll answered (a busy replica): read it now, so no response lacks it;
+                # before counting the request in flight, so that nothing awaits between that and the finally
+                await self._read_version(upstream, timeout_s=min(30.0, self.config.timeout_s))
             await upstream.gate.wait()  # closed while a swap drains this replica (all closed: wait)
             upstream.inflight += 1
             if call.adapter is not None:
                 self.adapter_inflight[call.adapter[0]] += 1
-            if call.adapter is None and upstream.version is None and not upstream.version_unknowable:
-                # before the first poll answered (a busy replica): read it now, so no response lacks it
-                await self._read_version(upstream, timeout_s=min(30.0, self.config.timeout_s))
             call.version = call.adapter[1] if call.adapter is not None else upstream.version
             try:
                 outcome = await self._attempt(request, path, raw, headers, call, buffer)
