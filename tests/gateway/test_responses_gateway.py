@@ -99,9 +99,7 @@ def test_idempotent_and_refused_requests(gateway, vllm_server, session_collector
 
 
 def test_a_weight_swap_under_responses_traffic_drops_nothing(gateway, vllm_server, session_collector, tiny_model_dir):
-    # Plain HTTP, not the OpenAI SDK: with this process's instrument() on (an earlier test's), the SDK's
-    # Responses call is served from chat completions on the agent side, and the answer it builds for
-    # with_raw_response does not carry the server's headers (a known gap: the version header is lost).
+    # Plain HTTP: the swap is the gateway's; the SDK path's headers are test_served_answers_carry_...
     def call(rollout_id: str, index: int) -> str:
         body = {"model": vllm_server.served_model_name, "input": f"caller {index}", "max_output_tokens": 3}
         request = urllib.request.Request(
@@ -114,3 +112,29 @@ def test_a_weight_swap_under_responses_traffic_drops_nothing(gateway, vllm_serve
             return reply.headers["X-Lightning-Policy-Version"]
 
     swaps_under_traffic_drop_nothing(gateway.url, ADMIN, session_collector, tiny_model_dir, "responses-swap", call)
+
+
+def test_served_answers_carry_the_gateway_headers(gateway, vllm_server, instrumented):
+    # With instrument() on, the SDK's Responses call is served from chat completions on the agent side;
+    # the answer it builds must still carry what the gateway said of the call (its policy version).
+    import asyncio
+
+    rollout_id = f"responses-headers-{uuid.uuid4().hex[:8]}"
+    base_url = f"{gateway.url}/rollout/{rollout_id}/v1"
+    ask = dict(model=vllm_server.served_model_name, input="hello", max_output_tokens=3)
+    client = openai.OpenAI(base_url=base_url, api_key="x")
+    plain = client.responses.with_raw_response.create(**ask)
+    streamed = client.responses.with_raw_response.create(stream=True, **ask)
+    events = [event.type for event in streamed.parse()]
+
+    async def served_async():
+        async with openai.AsyncOpenAI(base_url=base_url, api_key="x") as async_client:
+            raw = await async_client.responses.with_raw_response.create(**ask)
+            return raw, raw.parse()
+
+    async_raw, async_parsed = asyncio.run(served_async())
+    assert plain.parse().object == "response" and async_parsed.object == "response"
+    assert events[-1] in ("response.completed", "response.incomplete")
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    versions = [raw.headers.get("X-Lightning-Policy-Version") for raw in (plain, streamed, async_raw)]
+    assert None not in versions and len(set(versions)) == 1, versions  # no swap runs meanwhile

@@ -130,15 +130,19 @@ def _sync_wrapper(original, response_class: type, capture: str):
             chat = chat_request(body)
         except ResponsesRequestError as exc:
             raise _refusal(self, options, response_class, exc) from None
-        create = self.chat.completions.create
-        reply = create(**_chat_kwargs(create, chat, options))
+        chat_kwargs = _chat_kwargs(self.chat.completions.create, chat, options)
+        raw = self.chat.completions.with_raw_response.create(**chat_kwargs)
+        reply, headers = raw.parse(), _carried_headers(raw)
         if chat.get("stream"):
             answer = response_class(
-                200, headers=_SSE, content=_events(reply, body), request=self._build_request(options)
+                200, headers={**headers, **_SSE}, content=_events(reply, body), request=self._build_request(options)
             )
         else:
             answer = response_class(
-                200, json=response_object(reply.to_dict(), body), request=self._build_request(options)
+                200,
+                headers=headers,
+                json=response_object(reply.to_dict(), body),
+                request=self._build_request(options),
             )
         return self._process_response(
             cast_to=cast_to,
@@ -164,15 +168,22 @@ def _async_wrapper(original, response_class: type, capture: str):
             chat = chat_request(body)
         except ResponsesRequestError as exc:
             raise _refusal(self, options, response_class, exc) from None
-        create = self.chat.completions.create
-        reply = await create(**_chat_kwargs(create, chat, options))
+        chat_kwargs = _chat_kwargs(self.chat.completions.create, chat, options)
+        raw = await self.chat.completions.with_raw_response.create(**chat_kwargs)
+        reply, headers = raw.parse(), _carried_headers(raw)
         if chat.get("stream"):
             answer = response_class(
-                200, headers=_SSE, content=_async_events(reply, body), request=self._build_request(options)
+                200,
+                headers={**headers, **_SSE},
+                content=_async_events(reply, body),
+                request=self._build_request(options),
             )
         else:
             answer = response_class(
-                200, json=response_object(reply.to_dict(), body), request=self._build_request(options)
+                200,
+                headers=headers,
+                json=response_object(reply.to_dict(), body),
+                request=self._build_request(options),
             )
         return await self._process_response(
             cast_to=cast_to,
@@ -186,6 +197,14 @@ def _async_wrapper(original, response_class: type, capture: str):
 
 
 _SSE = {"content-type": "text/event-stream"}
+# Headers that describe the chat answer's body, not the server's reply; the Responses answer has its own.
+_BODY_HEADERS = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding", "connection"})
+
+
+def _carried_headers(raw: Any) -> dict[str, str]:
+    """The chat answer's headers that the Responses answer carries as its own: what the server said
+    of the call (a gateway's policy version, request ids, rate limits) reaches `with_raw_response`."""
+    return {k: v for k, v in raw.headers.items() if k.lower() not in _BODY_HEADERS}
 
 
 def _events(chat_stream: Any, body: dict):
