@@ -15,7 +15,9 @@ the hours. The job's state is the steady state of a job that runs every few minu
 but the newest `--untrained` in the trained ledger (with start times), and a watermark 10 minutes
 back. The select stage is `training_run.select_in_window` with that state, and once more with
 `[selection] backfill = true` (the whole store, what every run read before the watermark), in the
-same run. Each figure is the median of 3 runs on a fresh connection. Disk use is printed.
+same run. Each figure is the median of 3 runs on a fresh connection. Disk use is printed. One
+rollout's token ids are timed twice: on `connect(DATA, rollout_ids=...)` (only the files whose rollout
+index, collector/rollout_index.py, may hold it) and on a whole-store connect.
 """
 
 from __future__ import annotations
@@ -46,14 +48,19 @@ from lightning_otel.trainer.training_run import select_in_window
 KINDS = np.array(["AGENT", "LLM", "TOOL", "LLM", "TOOL", "LLM", "LLM", "EVALUATOR"])
 SPANS_PER_ROLLOUT = len(KINDS)
 PROMPT, COMPLETION = 64, 16
+ONE_ROLLOUT = "SELECT prompt_token_ids, completion_token_ids FROM llm_calls WHERE rollout_id = ?"
 QUERIES = {
-    "one rollout's token ids": "SELECT prompt_token_ids, completion_token_ids FROM llm_calls WHERE rollout_id = ?",
+    "one rollout's token ids": ONE_ROLLOUT,
+    "one rollout's token ids, whole-store connect": ONE_ROLLOUT,
     "last hour's rollouts by reward": """
         SELECT rollout_id, reward, llm_calls FROM rollouts
         WHERE start_time > now() - INTERVAL 1 HOUR ORDER BY reward DESC LIMIT 20""",
     "overview: counts": "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM rollouts)",
     "overview: reward by version": "SELECT * FROM reward_by_version",
 }
+# Rows whose connection is connect(DATA, rollout_ids=...): the views read only the files whose rollout
+# index may hold the rollout (docs/sql.md, "Which filters prune"); the others connect to the whole store.
+NARROWED = {"one rollout's token ids"}
 
 
 def _lists(rows: np.ndarray, width: int, dtype, value) -> pa.Array:
@@ -181,7 +188,14 @@ def measure(spans: int, days: int, untrained: int, keep: Path | None) -> None:
         )
     for label, sql in QUERIES.items():
         params = [middle] if "?" in sql else []
-        seconds, runs = median_seconds(lambda sql=sql, params=params: connect(data_dir).execute(sql, params).fetchall())
+        narrowed = {"rollout_ids": middle} if label in NARROWED else {}
+        if params:  # a lookup that found nothing would time nothing
+            assert connect(data_dir, **narrowed).execute(sql, params).fetchall(), label
+        seconds, runs = median_seconds(
+            lambda sql=sql, params=params, narrowed=narrowed: (
+                connect(data_dir, **narrowed).execute(sql, params).fetchall()
+            )
+        )
         print(f"  {label}: median {seconds * 1000:.0f} ms ({', '.join(f'{t * 1000:.0f}' for t in runs)})", flush=True)
     if keep is None:
         shutil.rmtree(root)

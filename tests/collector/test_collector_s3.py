@@ -61,8 +61,11 @@ def test_spans_land_in_s3_and_are_queryable_and_compacted(s3_endpoint, tmp_path)
         assert collector.pipeline.compact() == 1
         collector.pipeline.delete_doomed()
     listing = boto3.client("s3").list_objects_v2(Bucket="traces", Prefix="prod/spans/service=")["Contents"]
-    keys = [o["Key"] for o in listing if not o["Key"].endswith("/")]  # pyarrow keeps directory markers
-    assert len(keys) == 1 and "/compact-" in keys[0] and "/date=" in keys[0]
+    keys = sorted(o["Key"] for o in listing if not o["Key"].endswith("/"))  # pyarrow keeps directory markers
+    assert len(keys) == 2 and "/compact-" in keys[0] and "/date=" in keys[0]
+    assert keys[1] == keys[0].removesuffix(".parquet") + ".rollouts"  # its rollout index (rollout_index.py)
+    # the index, read from S3, rules the file out for a rollout it does not hold
+    assert connect("s3://traces/prod", rollout_ids="r").execute("SELECT count(*) FROM spans").fetchone() == (0,)
     names = connect("s3://traces/prod").execute("SELECT name FROM spans ORDER BY name").fetchall()
     assert len(names) == 12 and names[0] == ("s3-0-0",)
 

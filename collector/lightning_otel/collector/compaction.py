@@ -52,6 +52,6 @@ def compact_files(store_uri: str, paths: list[str], target_dir: str) -> str:
 
 def write_compacted(store: Store, table: pa.Table, path: str) -> None:
     """Write `table` to `path` as compaction does: sorted by COMPACT_SORT_KEYS, in row groups with
-    Bloom filters (compact_write_options)."""
+    Bloom filters (compact_write_options), with its rollout index (rollout_index.py)."""
     ordered = table.sort_by([(key, "ascending") for key in COMPACT_SORT_KEYS])
-    store.write(ordered, path, options=compact_write_options(ordered.num_rows))
+    store.write(ordered, path, options=compact_write_options(ordered.num_rows), indexed=True)

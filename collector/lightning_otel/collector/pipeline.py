@@ -9,6 +9,7 @@
   The inputs are deleted only after a grace period, so a query that listed them a moment ago still
   finds them; meanwhile the `spans` view's deduplication hides the overlap.
 - Retention: hour partitions older than the retention window are deleted.
+Each Parquet file has a rollout index beside it (rollout_index.py), written with it and deleted after it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import ParamSpec, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from lightning_otel.collector import list_pages
+from lightning_otel.collector import list_pages, rollout_index
 from lightning_otel.collector.compaction import compact_files
 from lightning_otel.collector.quarantine import describe, quarantine_records, quarantine_segment
 from lightning_otel.collector.span_decoder import assemble_bodies, decode_body, keep_freed_memory
@@ -303,10 +304,12 @@ class Pipeline:
         self._doomed = [(when, paths) for when, paths in self._doomed if when > now]
         for paths in due:
             for path in paths:
-                try:
-                    self.store.fs.delete_file(path)
-                except FileNotFoundError:
-                    pass
+                # The file, then its rollout index: a sidecar left by a crash between is ignored.
+                for doomed in (path, rollout_index.sidecar_path(path)):
+                    try:
+                        self.store.fs.delete_file(doomed)
+                    except FileNotFoundError:
+                        pass
 
     def apply_retention(self) -> int:
         """Delete hour partitions that ended before now - retention; returns how many."""

@@ -34,12 +34,13 @@ the time limit and cap of query_limits.QueryLimiter (the collector's and the das
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TypeVar
 
 import duckdb
 
+from lightning_otel.collector.rollout_lookup import rollout_files
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.core import schema
@@ -341,13 +342,14 @@ def parquet_source(store: Store) -> str:
     return f"read_parquet({_literal(store.glob())}, union_by_name = true)"
 
 
-def _window_source(store: Store, since: datetime) -> str | None:
-    """The files of the hour partitions from `since` on, listed now (None: there are none)."""
-    files = store.files_since(since)
+def _listed_source(files: list[str]) -> str | None:
+    """`files`, listed once (None: there are none)."""
     return f"read_parquet([{', '.join(map(_literal, files))}], union_by_name = true)" if files else None
 
 
-def _create_views(conn: duckdb.DuckDBPyConnection, store: Store, since: datetime | None = None) -> None:
+def _create_views(
+    conn: duckdb.DuckDBPyConnection, store: Store, since: datetime | None = None, rollout_ids: list[str] | None = None
+) -> None:
     """The views, created over an empty table of the spans' shape; then `spans_raw` reads the files.
     Creating a view binds it, and binding `read_parquet` reads every file's footer: over the files,
     once per view that reads them (~0.5 s per connection over a 100-file store). A query binds its
@@ -362,22 +364,35 @@ def _create_views(conn: duckdb.DuckDBPyConnection, store: Store, since: datetime
         return
 
     def read_files() -> None:  # binding reads the footers: a file compaction deletes meanwhile is listed again
-        source = parquet_source(store) if since is None else _window_source(store, since)
+        if rollout_ids is not None:
+            source = _listed_source(rollout_files(conn, store, rollout_ids, since))
+        elif since is not None:
+            source = _listed_source(store.files_since(since))
+        else:
+            source = parquet_source(store)
         if source is not None:
             conn.execute(spans_raw_statement(source))
 
     retry_vanished_files(read_files)
 
 
-def connect(data_dir: str | os.PathLike, since: datetime | None = None) -> duckdb.DuckDBPyConnection:
+def connect(
+    data_dir: str | os.PathLike, since: datetime | None = None, rollout_ids: str | Iterable[str] | None = None
+) -> duckdb.DuckDBPyConnection:
     """A fresh in-memory DuckDB connection with the trace views over `data_dir`'s Parquet files.
 
     `since` (aware datetime): the views read only the hour partitions from `since`'s hour on, listed
     once now, so a query's cost follows the window, not the store. Every span that started at or after
     `since` is there; a rollout that started before it shows only its later spans, so callers select
-    rollouts that start well inside the window (the training job: trainer/selection_window.py)."""
+    rollouts that start well inside the window (the training job: trainer/selection_window.py).
+    `rollout_ids` (one id or several): the views read only the files, listed once now, that can hold
+    those rollouts or their traces (rollout_lookup.py), so a lookup costs what the rollouts hold. A
+    query filtered on those rollout ids answers as over the whole store; other rollouts' spans may be
+    there too."""
+    if rollout_ids is not None:
+        rollout_ids = [rollout_ids] if isinstance(rollout_ids, str) else list(rollout_ids)
     conn = duckdb.connect()
-    _create_views(conn, Store(data_dir), since)
+    _create_views(conn, Store(data_dir), since, rollout_ids)
     return conn
 
 

@@ -4,6 +4,7 @@ Layout (Hive partitioning, readable as is by DuckDB, Spark, Trino, ClickHouse):
     ROOT/spans/_schema.parquet                                  zero rows, the full schema
     ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet
     ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/compact-<id>.parquet
+    ROOT/spans/.../<name>.rollouts      beside each <name>.parquet: a filter of its rollout and trace ids (rollout_index.py)
 
 <svc> is the service name itself when it is short and made of letters, digits, `-` and `_` only;
 any other name becomes those of its characters (at most _PREFIX_CHARS), `~` and a hash of the whole
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from lightning_otel.collector import list_pages
+from lightning_otel.collector import list_pages, rollout_index
 from lightning_otel.collector.span_rows import LISTS, SPANS_SCHEMA
 from lightning_otel.collector.wal import fsync_path
 
@@ -132,19 +133,71 @@ class Store:
     def _reader_prefix(self) -> str:
         return self.spans_root if self.is_local else f"{self.uri.split('://')[0]}://{self.spans_root}"
 
+    def _reader_name(self, path: str) -> str:
+        return self._reader_prefix() + path[len(self.spans_root) :]
+
     def files_since(self, since: datetime) -> list[str]:
         """The files (as readers name them) of the hour partitions that end after `since`: every span
         that started at or after it is in one of them. A file outside the date/hour layout is kept."""
-        floor = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0, tzinfo=None)
-        kept = []
-        for info in self.files():
-            match = _PARTITION_HOUR.search(info.path)
-            if match is None or datetime.fromisoformat(f"{match[1]}T{match[2]}:00") >= floor:
-                kept.append(self._reader_prefix() + info.path[len(self.spans_root) :])
-        return sorted(kept)
+        return sorted(self._reader_name(info.path) for info in self.files() if _from_hour(info.path, since))
 
-    def write(self, table: pa.Table, path: str, options: dict | None = None, list_columns: Sequence[str] = ()) -> None:
-        """Write `table` to `path` whole; `list_columns` (flat lists) go through list_pages when it can."""
+    def indexed_files(self, since: datetime | None = None) -> tuple[list[str], list[tuple[str, int, bytes | None]]]:
+        """Listed once, no span file opened: the schema file (if any), and each span file (with `since`,
+        of files_since's partitions) as readers name it, with its size and its rollout index's bytes
+        (rollout_index.py; None: it has none)."""
+        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
+        listed = [info for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File]
+        sidecars = {info.path for info in listed if info.base_name.endswith(rollout_index.SUFFIX)}
+        schema_files, span_files = [], []
+        for info in sorted(listed, key=lambda info: info.path):
+            if info.base_name == SCHEMA_FILE:
+                schema_files.append(self._reader_name(info.path))
+            elif info.base_name.endswith(".parquet") and (since is None or _from_hour(info.path, since)):
+                sidecar = rollout_index.sidecar_path(info.path)
+                index = self._read(sidecar) if sidecar in sidecars else None
+                span_files.append((self._reader_name(info.path), info.size, index))
+        return schema_files, span_files
+
+    def _read(self, path: str) -> bytes | None:
+        """A small file's bytes; None if it is gone (deleted since the listing)."""
+        try:
+            if self.is_local:
+                with open(path, "rb") as handle:
+                    return handle.read()
+            with self.fs.open_input_stream(path) as stream:
+                return stream.read()
+        except FileNotFoundError:
+            return None
+
+    def _write_rollout_index(self, path: str, table: pa.Table, size: int) -> None:
+        """The sidecar of the Parquet file at `path` (of `size` bytes, holding `table`): a filter of its
+        rollout and trace ids. Not fsynced: a sidecar torn by a crash fails may_hold's checks, and its
+        file is then read."""
+        keys = rollout_index.keys(
+            pc.unique(table.column("rollout_id")).drop_null().to_pylist(),
+            pc.unique(table.column("trace_id")).drop_null().to_pylist(),
+        )
+        sidecar = rollout_index.sidecar_path(path)
+        if self.is_local:
+            tmp = f"{os.path.dirname(sidecar)}/.{os.path.basename(sidecar)}.{os.getpid()}-{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as handle:
+                handle.write(rollout_index.encode(keys, size))
+            os.replace(tmp, sidecar)
+        else:
+            with self.fs.open_output_stream(sidecar) as stream:
+                stream.write(rollout_index.encode(keys, size))
+
+    def write(
+        self,
+        table: pa.Table,
+        path: str,
+        options: dict | None = None,
+        list_columns: Sequence[str] = (),
+        indexed: bool = False,
+    ) -> None:
+        """Write `table` to `path` whole; `list_columns` (flat lists) go through list_pages when it can.
+        `indexed`: a span file, with its rollout index (rollout_index.py) beside it; locally the index
+        is in place before the file, so no reader lists the file without it."""
         options = options or WRITE_OPTIONS
         parts = list_pages.encode(table, list_columns, **options) if list_columns else None
         if self.is_local:
@@ -156,14 +209,19 @@ class Store:
                     os.fsync(handle.fileno())
             else:
                 _write_parts(tmp, parts)
+            if indexed:
+                self._write_rollout_index(path, table, os.path.getsize(tmp))
             os.replace(tmp, path)
             fsync_path(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
-        elif parts is None:
+            return
+        if parts is None:
             pq.write_table(table, path, filesystem=self.fs, **options)
         else:
             with self.fs.open_output_stream(path) as stream:
                 for part in parts:
                     stream.write(part)
+        if indexed:  # an object store has no rename: the index follows the file
+            self._write_rollout_index(path, table, self.fs.get_file_info(path).size)
 
     def ensure_schema_file(self) -> None:
         path = f"{self.spans_root}/{SCHEMA_FILE}"
@@ -212,9 +270,16 @@ class Store:
         for directory, rows in sorted(by_directory.items()):
             path = f"{directory}/part-{segment}.parquet"
             part = table if rows is None else table.take(pa.array(rows))
-            self.write(part, path, LIVE_WRITE_OPTIONS, lists_with_values(part))
+            self.write(part, path, LIVE_WRITE_OPTIONS, lists_with_values(part), indexed=True)
             written.append(path)
         return written
+
+
+def _from_hour(path: str, since: datetime) -> bool:
+    """Whether the file at `path` is in an hour partition that ends after `since` (or in none)."""
+    match = _PARTITION_HOUR.search(path)
+    floor = since.astimezone(UTC).replace(minute=0, second=0, microsecond=0, tzinfo=None)
+    return match is None or datetime.fromisoformat(f"{match[1]}T{match[2]}:00") >= floor
 
 
 def partition_value(service: str | None) -> str:
