@@ -62,9 +62,8 @@ typecheck: setup
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration"
 
-# Two pytest-xdist workers: alone, the suite keeps about one of this machine's two cores busy.
 test: system browser node lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30
+	$(PY) -m pytest -q --durations=30
 	$(MAKE) test-sdk-matrix
 
 # The agent side with the oldest and newest supported openai and opentelemetry-sdk (docs/agent-side.md):

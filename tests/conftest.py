@@ -23,9 +23,8 @@ from lightning_otel.core.servers import VLLMServer
 from lightning_otel.testing.servers import CollectorProcess
 
 # integration_marker marks every test that starts a server or process; long_context holds the
-# coding-CLI tests' shared 32k-context vLLM (`long_context_vllm`, `cli_gateway`); worker_groups keeps
-# the costly session fixtures to one pytest-xdist worker each.
-pytest_plugins = ["integration_marker", "long_context", "worker_groups"]
+# coding-CLI tests' shared 32k-context vLLM (`long_context_vllm`, `cli_gateway`).
+pytest_plugins = ["integration_marker", "long_context"]
 
 # No internet here: LiteLLM would try to fetch its price list at import, with retries and sleeps.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
