@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from lightning_otel.core import schema
-from lightning_otel.core.http_json import get_json
+from lightning_otel.core.http_json import HttpError, get_json
 from lightning_otel.core.token_encoding import attribute, pack
 from lightning_otel.core.vllm_admin import WEIGHT_INFO_PATH, server_root, weight_version_of
 
@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 CHAT = "chat"
 COMPLETIONS = "completions"
 _PROBE_TIMEOUT_S = 2.0
+# A server that gave no answer in time (busy, starting, unreachable) is asked again after this long:
+# meanwhile its calls are not captured; a "not vLLM" that is only a timeout is never kept for good.
+PROBE_RETRY_S = 10.0
 _LOGPROB = operator.attrgetter("logprob")
 
 
@@ -219,10 +222,13 @@ class StreamAccumulator:
         return _packed(self.prompt_ids, self.completion_ids if self.seen_ids else None, logprobs, self.finish_reason)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _ServerInfo:
     is_vllm: bool
     has_weight_info: bool
+
+
+_NOT_VLLM = _ServerInfo(is_vllm=False, has_weight_info=False)  # for now: a server that has not answered yet
 
 
 class _VersionReader:
@@ -316,6 +322,7 @@ class VLLMEndpoints:
     def __init__(self, version_poll_s: float = 0.2, min_gap_s: float = 0.01) -> None:
         self.version_poll_s, self.min_gap_s = version_poll_s, min_gap_s
         self._info: dict[str, _ServerInfo] = {}
+        self._unanswered: dict[str, float] = {}  # base URL -> when to ask again (time.monotonic())
         self._readers: dict[str, _VersionReader] = {}
         self._lock = threading.Lock()
         self._idle = threading.Condition()
@@ -331,9 +338,23 @@ class VLLMEndpoints:
         if cached is not None:
             return cached
         base = base_url.rstrip("/")
+        if time.monotonic() < self._unanswered.get(base, 0.0):
+            return _NOT_VLLM  # it did not answer a moment ago: not asked again yet
         try:
             models = get_json(base + "/models", timeout=_PROBE_TIMEOUT_S, headers=headers)
             is_vllm = any(m.get("owned_by") == "vllm" for m in models.get("data", []))
+        except HttpError as exc:
+            if exc.status is None:  # no answer: this call is not captured; a later one asks again
+                log.warning(
+                    "lightning_otel: %s did not say whether it is vLLM (%s); asking again in %.0f s",
+                    base,
+                    exc.reason,
+                    PROBE_RETRY_S,
+                )
+                self._unanswered[base] = time.monotonic() + PROBE_RETRY_S
+                return _NOT_VLLM
+            log.debug("not treating %s as vLLM: %s", base, exc)
+            is_vllm = False
         except (OSError, ValueError, AttributeError) as exc:
             log.debug("not treating %s as vLLM: %s", base, exc)
             is_vllm = False
