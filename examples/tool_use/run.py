@@ -237,7 +237,7 @@ EXAMPLE = training_loop.Example(
     tool_call_parser="hermes",
     # 16 tasks x 8 rollouts per step at 6e-4: the answer's first-digit copy, which RL must finish in some
     # seeds, rose about twice as fast per minute as with 8 tasks at 3e-4 (BENCHMARKS.md, "RL settings")
-    # sft_steps is the warm-up's cap: its check stopped seeds 2 and 0 at steps 960 and 2,586; seed 1 ran to it
+    # sft_steps is the warm-up's cap: its check stops seed 2 at step 1,464; seed 0 runs to it (BENCHMARKS.md)
     # 20 iterations: held-out solved rose from 1.6% to 15-34% by the 10th and 27-33% by the 20th (two
     # seed-2 runs; 47-59% by the 40th), and `make demo` ends within 12 minutes (README)
     defaults={"iterations": 20, "tasks": 16, "rollouts_per_task": 8, "sft_steps": 3000, "learning_rate": 6e-4},
