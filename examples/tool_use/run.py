@@ -42,22 +42,11 @@ WARM_UP_TASKS = 400
 # Each attention head its own keys and values: with one shared key and value and random results, seed 2's
 # call never copied its operands' first digits in 500 steps (BENCHMARKS.md, "The first digit's shortcut")
 KV_HEADS = 2
-# The tiny model stands in for the pretrained checkpoint a real run starts from: every --seed starts from
-# the same one, built with this initialization seed, and varies only the warm-up's data, the RL tasks and
-# the sampling. Whether the warm-up learns the copy RL builds on depends on the initialization: built
-# with their own seeds, seeds 0 and 1 ran to the 3,000-step cap without it; seed 0's data on this
-# initialization copies as the demonstrator does (p ~0.75 per digit) at step 1,500 (BENCHMARKS.md)
-BASE_MODEL_SEED = 2
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]  # this example's task, and the loop all examples share
 
 import calculator_task  # noqa: E402
 import training_loop  # noqa: E402
-
-
-def build_base_model(out: Path, seed: int) -> Path:
-    """The example's starting model, the same for every run seed (BASE_MODEL_SEED)."""
-    return build_model(out, BASE_MODEL_SEED)
 
 
 def build_model(out: Path, seed: int, kv_heads: int = KV_HEADS, **shape) -> Path:
@@ -241,7 +230,7 @@ def run_eval(iteration: training_loop.Iteration) -> int:
 EXAMPLE = training_loop.Example(
     name="tool_use",
     description=__doc__.splitlines()[0],
-    build_model=build_base_model,
+    build_model=build_model,
     warm_up=warm_up,
     run_agent=run_agent,
     run_eval=run_eval,
