@@ -145,8 +145,7 @@ class Store:
         """Listed once, no span file opened: the schema file (if any), and each span file (with `since`,
         of files_since's partitions) as readers name it, with its size and its rollout index's bytes
         (rollout_index.py; None: it has none)."""
-        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
-        listed = [info for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File]
+        listed = self._listing()
         sidecars = {info.path for info in listed if info.base_name.endswith(rollout_index.SUFFIX)}
         schema_files, span_files = [], []
         for info in sorted(listed, key=lambda info: info.path):
@@ -179,7 +178,7 @@ class Store:
         )
         sidecar = rollout_index.sidecar_path(path)
         if self.is_local:
-            tmp = f"{os.path.dirname(sidecar)}/.{os.path.basename(sidecar)}.{os.getpid()}-{threading.get_ident()}.tmp"
+            tmp = _tmp_path(sidecar)
             with open(tmp, "wb") as handle:
                 handle.write(rollout_index.encode(keys, size))
             os.replace(tmp, sidecar)
@@ -202,7 +201,7 @@ class Store:
         parts = list_pages.encode(table, list_columns, **options) if list_columns else None
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
+            tmp = _tmp_path(path)
             if parts is None:
                 pq.write_table(table, tmp, **options)
                 with open(tmp, "rb") as handle:
@@ -233,12 +232,14 @@ class Store:
         return f"{self.spans_root}/service={partition_value(service)}/date={when:%Y-%m-%d}/hour={when:%H}"
 
     def files(self) -> list[pafs.FileInfo]:
-        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
         return [
-            info
-            for info in self.fs.get_file_info(selector)
-            if info.type == pafs.FileType.File and info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
+            info for info in self._listing() if info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
         ]
+
+    def _listing(self) -> list[pafs.FileInfo]:
+        """Every file under spans/ (span files, the schema file, rollout indexes, temporary files)."""
+        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
+        return [info for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File]
 
     def has_data(self) -> bool:
         return self.fs.get_file_info(f"{self.spans_root}/{SCHEMA_FILE}").type == pafs.FileType.File or bool(
@@ -273,6 +274,11 @@ class Store:
             self.write(part, path, LIVE_WRITE_OPTIONS, lists_with_values(part), indexed=True)
             written.append(path)
         return written
+
+
+def _tmp_path(path: str) -> str:
+    """Where a local file is written before its rename to `path` (hidden; this process and thread's)."""
+    return f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
 
 
 def _from_hour(path: str, since: datetime) -> bool:

@@ -343,8 +343,8 @@ class VLLMEndpoints:
         try:
             models = get_json(base + "/models", timeout=_PROBE_TIMEOUT_S, headers=headers)
             is_vllm = any(m.get("owned_by") == "vllm" for m in models.get("data", []))
-        except HttpError as exc:
-            if exc.status is None:  # no answer: this call is not captured; a later one asks again
+        except (OSError, ValueError, AttributeError) as exc:
+            if isinstance(exc, HttpError) and exc.status is None:  # no answer: a later call asks again
                 log.warning(
                     "lightning_otel: %s did not say whether it is vLLM (%s); asking again in %.0f s",
                     base,
@@ -353,9 +353,6 @@ class VLLMEndpoints:
                 )
                 self._unanswered[base] = time.monotonic() + PROBE_RETRY_S
                 return _NOT_VLLM
-            log.debug("not treating %s as vLLM: %s", base, exc)
-            is_vllm = False
-        except (OSError, ValueError, AttributeError) as exc:
             log.debug("not treating %s as vLLM: %s", base, exc)
             is_vllm = False
         read_at = time.monotonic()

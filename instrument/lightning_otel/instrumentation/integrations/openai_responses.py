@@ -132,18 +132,7 @@ def _sync_wrapper(original, response_class: type, capture: str):
             raise _refusal(self, options, response_class, exc) from None
         chat_kwargs = _chat_kwargs(self.chat.completions.create, chat, options)
         raw = self.chat.completions.with_raw_response.create(**chat_kwargs)
-        reply, headers = raw.parse(), _carried_headers(raw)
-        if chat.get("stream"):
-            answer = response_class(
-                200, headers={**headers, **_SSE}, content=_events(reply, body), request=self._build_request(options)
-            )
-        else:
-            answer = response_class(
-                200,
-                headers=headers,
-                json=response_object(reply.to_dict(), body),
-                request=self._build_request(options),
-            )
+        answer = _answer(self, options, response_class, raw, chat, body, _events)
         return self._process_response(
             cast_to=cast_to,
             options=options,
@@ -170,21 +159,7 @@ def _async_wrapper(original, response_class: type, capture: str):
             raise _refusal(self, options, response_class, exc) from None
         chat_kwargs = _chat_kwargs(self.chat.completions.create, chat, options)
         raw = await self.chat.completions.with_raw_response.create(**chat_kwargs)
-        reply, headers = raw.parse(), _carried_headers(raw)
-        if chat.get("stream"):
-            answer = response_class(
-                200,
-                headers={**headers, **_SSE},
-                content=_async_events(reply, body),
-                request=self._build_request(options),
-            )
-        else:
-            answer = response_class(
-                200,
-                headers=headers,
-                json=response_object(reply.to_dict(), body),
-                request=self._build_request(options),
-            )
+        answer = _answer(self, options, response_class, raw, chat, body, _async_events)
         return await self._process_response(
             cast_to=cast_to,
             options=options,
@@ -199,6 +174,15 @@ def _async_wrapper(original, response_class: type, capture: str):
 _SSE = {"content-type": "text/event-stream"}
 # Headers that describe the chat answer's body, not the server's reply; the Responses answer has its own.
 _BODY_HEADERS = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding", "connection"})
+
+
+def _answer(client: Any, options: Any, response_class: type, raw: Any, chat: dict, body: dict, events: Any) -> Any:
+    """The HTTP response the SDK then processes as the Responses call's own: the chat reply in `raw`
+    translated (its stream through `events`, as the caller reads it), with the server's headers."""
+    reply, headers, request = raw.parse(), _carried_headers(raw), client._build_request(options)
+    if chat.get("stream"):
+        return response_class(200, headers={**headers, **_SSE}, content=events(reply, body), request=request)
+    return response_class(200, headers=headers, json=response_object(reply.to_dict(), body), request=request)
 
 
 def _carried_headers(raw: Any) -> dict[str, str]:
