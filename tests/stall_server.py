@@ -7,6 +7,12 @@ OTLP sink: 200, body dropped), POST /control (JSON merged into `state`, for a se
 GIL). While `state["hang"]` is true, /weight_info is accepted and never
 answered, as a server stuck mid-swap does; `state["weight_delay_s"]` delays its answer, as a busy
 server's; `state["hang_models"]` does the same to /v1/models. A real socket on 127.0.0.1; `stop()` closes it.
+
+The swap routes a gateway calls (POST /pause, /collective_rpc, /reset_prefix_cache,
+/update_weight_version, /resume) answer as vLLM's dev mode does. A /weight_info that arrives between
+/pause and /resume (each arrival sets `weight_read`) is answered `state["paused_weight_delay_s"]`
+after /resume, as a replica busy with its reload and backlog answers late; /collective_rpc (the
+reload) sets `reloading` and returns once `reload_may_finish` is set.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import threading
 import time
 
 PROMPT_IDS, COMPLETION_IDS, LOGPROBS = [1, 2, 3, 4], [7, 8], [-0.25, -0.5]
+_SWAP_ROUTES = ("/pause", "/collective_rpc", "/reset_prefix_cache", "/update_weight_version", "/resume")
 
 
 def chat_reply(model: str) -> dict:
@@ -43,8 +50,12 @@ def chat_reply(model: str) -> dict:
 
 class StallServer:
     def __init__(self, version: str = "1", delay_s: float = 0.0) -> None:
-        self.state = {"version": version, "hang": False, "delay_s": delay_s, "weight_reads": 0}
+        self.state = {"version": version, "hang": False, "delay_s": delay_s, "weight_reads": 0, "chats": 0}
         self.released = threading.Event()  # set at stop(): hung handlers return
+        self.resumed, self.reloading, self.reload_may_finish = threading.Event(), threading.Event(), threading.Event()
+        self.weight_read = threading.Event()
+        self.resumed.set()
+        self.reload_may_finish.set()
         server = self
 
         class Handler(socketserver.StreamRequestHandler):
@@ -79,6 +90,10 @@ class StallServer:
             if state["hang"]:
                 self.released.wait()  # accepted, never answered
                 return
+            self.weight_read.set()
+            if not self.resumed.is_set():
+                self.resumed.wait()
+                time.sleep(state.get("paused_weight_delay_s", 0.0))
             time.sleep(state.get("weight_delay_s", 0.0))  # a replica too busy to answer at once
             reply = {"weight_version": state["version"]}
         elif path == "/v1/models":
@@ -88,6 +103,7 @@ class StallServer:
             reply = {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "vllm"}]}
         elif method == "POST" and path.endswith("/chat/completions"):
             time.sleep(state["delay_s"])
+            state["chats"] += 1
             request = json.loads(body)
             if request.get("stream"):
                 self.stream(handler, request.get("model", "policy"))
@@ -95,6 +111,8 @@ class StallServer:
             reply = chat_reply(request.get("model", "policy"))
         elif method == "POST" and path == "/v1/traces":
             reply = {}
+        elif method == "POST" and path.split("?")[0] in _SWAP_ROUTES:
+            reply = self.swap_step(path.split("?")[0], json.loads(body) if body else {})
         elif method == "POST" and path == "/control":  # another process sets version, hang, delay_s
             state.update(json.loads(body))
             reply = state
@@ -104,6 +122,18 @@ class StallServer:
         data = json.dumps(reply).encode()
         head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
         handler.wfile.write(head.encode() + data)
+
+    def swap_step(self, route: str, body: dict) -> dict:
+        if route == "/pause":
+            self.resumed.clear()
+        elif route == "/collective_rpc":
+            self.reloading.set()
+            self.reload_may_finish.wait()
+        elif route == "/update_weight_version":
+            self.state["version"] = body["new_version"]
+        elif route == "/resume":
+            self.resumed.set()
+        return {}
 
     @staticmethod
     def stream(handler, model: str) -> None:
@@ -137,6 +167,8 @@ class StallServer:
 
     def stop(self) -> None:
         self.released.set()
+        self.resumed.set()
+        self.reload_may_finish.set()
         self.tcp.shutdown()
         self.tcp.server_close()
 

@@ -49,12 +49,14 @@ async def swap_full(gateway, body: dict) -> dict[str, Any]:
     replicas = []
     for upstream in gateway.upstreams:
         upstream.gate.clear()  # new requests go to another replica, or wait in the gateway
+        upstream.swaps += 1
         closed_ns = time.time_ns()
         try:
             waited = await _drained(gateway.idle, lambda u=upstream: u.inflight > 0)
             admin = VLLMAdmin(upstream.url, api_key=gateway.config.upstream_api_key)
             report = await asyncio.to_thread(hot_swap, admin, weights, version, rollback)
             upstream.version, upstream.version_owned = version, True
+            upstream.healthy = True  # it has just answered every step of the swap
         finally:
             opened_ns = time.time_ns()
             upstream.gate.set()

@@ -66,7 +66,8 @@ class _Upstream:
     healthy: bool = True
     inflight: int = 0  # requests dispatched and not yet answered
     gate: asyncio.Event = field(default_factory=asyncio.Event)  # set: dispatch; clear: a swap is draining it
-    version_owned: bool = False  # the gateway swapped it: it knows the version, do not poll it
+    version_owned: bool = False  # the gateway swapped it: it knows the version; polled for health only
+    swaps: int = 0  # swaps begun on it: a health poll that spans one says nothing about it now
     version_unknowable: bool = False  # /weight_info is not served: responses carry no version
 
     def __post_init__(self) -> None:
@@ -165,15 +166,18 @@ class Gateway:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def _poll_versions(self) -> None:
-        """Track each replica's weight version (vLLM dev-mode /weight_info) and health."""
+        """Track each replica's weight version (vLLM dev-mode /weight_info) and health. A replica being
+        swapped is not polled: it is paused or reloading, and a timeout then would mark it unhealthy
+        after it has come back."""
         while True:
             for upstream in self.upstreams:
-                if not upstream.version_owned:
+                if upstream.gate.is_set():
                     await self._read_version(upstream, timeout_s=2)
             await asyncio.sleep(_VERSION_POLL_S)
 
     async def _read_version(self, upstream: _Upstream, timeout_s: float) -> None:
         """Ask the replica its weight version; a replica that does not answer is marked unhealthy."""
+        swaps, answered, unknowable = upstream.swaps, None, False
         try:
             async with self._session().get(
                 upstream.url + WEIGHT_INFO_PATH,
@@ -181,12 +185,21 @@ class Gateway:
                 timeout=ClientTimeout(total=timeout_s),
             ) as reply:
                 if reply.status == 200:
-                    upstream.version = weight_version_of(await reply.json())
+                    answered = weight_version_of(await reply.json())
                 else:  # not a dev-mode server: it has no version to report
-                    upstream.version_unknowable = True
-            upstream.healthy = True
+                    unknowable = True
+            healthy = True
         except (TimeoutError, ClientError, ValueError, KeyError):
-            upstream.healthy = False
+            healthy = False
+        if upstream.swaps != swaps or not upstream.gate.is_set():
+            return  # a swap began meanwhile: the swap, not this answer, says how the replica is
+        upstream.healthy = healthy
+        if not healthy or upstream.version_owned:
+            return
+        if unknowable:
+            upstream.version_unknowable = True
+        else:
+            upstream.version = answered
 
     # -- routing ---------------------------------------------------------------------------------
     def _replicas(self, rollout_id: str | None) -> list[_Upstream]:
