@@ -79,7 +79,8 @@ def sft_warmup(
     rendered with the model's chat template and `tools`; saves model and tokenizer to `out`.
     `stop_when(model, tokenizer)`, if given, is asked every `check_every` steps; once it returns True
     (or a passing `Check`) the warm-up ends with the weights of the first step that passes it (`steps`
-    is then the most it runs). `out/warm_up.json` records the step kept. Progress goes to stdout as
+    is then the most it runs). `out/warm_up.json` records the step kept and whether the check passed
+    (`passed`; true when there is no check). Progress goes to stdout as
     lines (`_progress_callback`), also when stdout is a pipe."""
     import torch
     from datasets import Dataset, disable_progress_bars
@@ -151,5 +152,6 @@ def sft_warmup(
     trainer.save_model(str(out))
     tokenizer.save_pretrained(out)
     stopped_at = getattr(stopper, "stopped_at", trainer.state.global_step)
-    (out / "warm_up.json").write_text(json.dumps({"steps": stopped_at, "max_steps": steps}))
+    passed = stopper is None or hasattr(stopper, "stopped_at")
+    (out / "warm_up.json").write_text(json.dumps({"steps": stopped_at, "max_steps": steps, "passed": passed}))
     return out

@@ -55,8 +55,13 @@ def test_every_question_is_in_exactly_one_split_and_a_mirror_in_the_same_one():
 @pytest.mark.parametrize("seed", range(8))
 def test_warm_up_check_rl_and_eval_questions_are_disjoint_for_every_seed(seed):
     iterations, tasks = 40, tool_use.EXAMPLE.defaults["tasks"]  # 40: what --iterations 40 asks
-    examples, check = tool_use.warm_up_data(seed)
-    warm_up = {_operands(pair["prompt"][1]["content"]) for pair in examples}
+    _, check = tool_use.warm_up_data(seed)
+    attempts = -(-tool_use.EXAMPLE.defaults["sft_steps"] // tool_use.WARM_UP_ATTEMPT_STEPS)  # run.warm_up's most
+    warm_up = {  # every attempt's demonstrations
+        _operands(pair["prompt"][1]["content"])
+        for attempt in range(attempts)
+        for pair in tool_use.warm_up_data(seed, attempt=attempt)[0]
+    }
     checked = {_operands(question) for question, _ in check}
     rl = _rl_questions(seed, iterations * 4, tasks)  # four such runs
     evaluated = {_operands(question) for question, _ in calculator_task.eval_tasks()}
