@@ -272,3 +272,25 @@ def test_since_and_rollout_ids_narrow_together(store):
         f"{store.spans_root}/_schema.parquet"
     }
     assert listed == _files_holding(store, "split") - _files_holding(store, "r1")  # hour 0 is outside
+
+
+def test_lookup_connections_share_only_the_read_only_views(store):
+    """Lookups are cursors of one read-only database per process (query._lookup_connection): each
+    has its own files, TEMP objects and registered tables, and none can drop or replace the views."""
+    full = connect(store.uri)
+    first, second = connect(store.uri, rollout_ids="r1"), connect(store.uri, rollout_ids="r5")  # other files
+    first.execute("CREATE TEMP TABLE mine AS SELECT 1 AS x")
+    first.register("registered", pa.table({"x": [1]}))
+    for name in ("mine", "registered"):
+        with pytest.raises(duckdb.CatalogException):
+            second.execute(f"SELECT * FROM {name}")
+    for statement in ("DROP VIEW llm_calls", "CREATE OR REPLACE VIEW spans AS SELECT 1", "CREATE TABLE t (x INT)"):
+        with pytest.raises(duckdb.Error, match="read-only"):
+            second.execute(statement)
+    # each still reads its own rollout's files, as a full connect answers
+    assert _answers(first, "r1") == _answers(full, "r1") and _answers(second, "r5") == _answers(full, "r5")
+    assert first.execute("SELECT count(*) FROM spans WHERE rollout_id = 'r5'").fetchone() == (0,)
+    assert second.execute("SELECT count(*) FROM spans WHERE rollout_id = 'r1'").fetchone() == (0,)
+    first.close()
+    assert _answers(connect(store.uri, rollout_ids="r1"), "r1") == _answers(full, "r1")  # closing one closes no other
+    assert _answers(second, "r5") == _answers(full, "r5")
