@@ -49,18 +49,26 @@ KINDS = np.array(["AGENT", "LLM", "TOOL", "LLM", "TOOL", "LLM", "LLM", "EVALUATO
 SPANS_PER_ROLLOUT = len(KINDS)
 PROMPT, COMPLETION = 64, 16
 ONE_ROLLOUT = "SELECT prompt_token_ids, completion_token_ids FROM llm_calls WHERE rollout_id = ?"
+LAST_HOUR = """SELECT rollout_id, reward, llm_calls FROM rollouts
+               WHERE start_time > now() - INTERVAL 1 HOUR ORDER BY reward DESC LIMIT 20"""
 QUERIES = {
     "one rollout's token ids": ONE_ROLLOUT,
     "one rollout's token ids, whole-store connect": ONE_ROLLOUT,
-    "last hour's rollouts by reward": """
-        SELECT rollout_id, reward, llm_calls FROM rollouts
-        WHERE start_time > now() - INTERVAL 1 HOUR ORDER BY reward DESC LIMIT 20""",
+    "last hour's rollouts by reward, connect(since=2 h back)": LAST_HOUR,
+    "last hour's rollouts by reward, whole-store connect": LAST_HOUR,
     "overview: counts": "SELECT (SELECT count(*) FROM spans), (SELECT count(*) FROM rollouts)",
     "overview: reward by version": "SELECT * FROM reward_by_version",
 }
-# Rows whose connection is connect(DATA, rollout_ids=...): the views read only the files whose rollout
-# index may hold the rollout (docs/sql.md, "Which filters prune"); the others connect to the whole store.
-NARROWED = {"one rollout's token ids"}
+# Rows whose connection is narrowed (docs/sql.md, "Which filters prune"): connect(DATA, rollout_ids=...)
+# reads only the files whose rollout index may hold the rollout; connect(DATA, since=...) only the hour
+# partitions from `since` on (an hour before the window: a rollout that started before the window shows
+# whole, so it is not mistaken for one that started inside it). The others connect to the whole store.
+NARROWED = {
+    "one rollout's token ids": lambda middle: {"rollout_ids": middle},
+    "last hour's rollouts by reward, connect(since=2 h back)": lambda middle: {
+        "since": datetime.now(UTC) - timedelta(hours=2)
+    },
+}
 
 
 def _lists(rows: np.ndarray, width: int, dtype, value) -> pa.Array:
@@ -188,7 +196,7 @@ def measure(spans: int, days: int, untrained: int, keep: Path | None) -> None:
         )
     for label, sql in QUERIES.items():
         params = [middle] if "?" in sql else []
-        narrowed = {"rollout_ids": middle} if label in NARROWED else {}
+        narrowed = NARROWED[label](middle) if label in NARROWED else {}
         if params:  # a lookup that found nothing would time nothing
             assert connect(data_dir, **narrowed).execute(sql, params).fetchall(), label
         seconds, runs = median_seconds(
