@@ -85,8 +85,8 @@ def merge_causes(data_dir: Path) -> dict[str | None, int]:
 
 
 def test_tool_use_example(tmp_path):
-    # 300 warm-up steps (the default cap is 3,000; seed 0's check passes at 2,586): enough for the
-    # call's format, which this test needs; the copies it does not
+    # 300 warm-up steps (one attempt that does not pass its check; the default runs up to four of
+    # 1,600): enough for the call's format, which this test needs; the copies it does not
     output = run_example(
         "tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4", "--sft-steps", "300", "--eval-tasks", "8"
     )
