@@ -294,3 +294,38 @@ def test_lookup_connections_share_only_the_read_only_views(store):
     first.close()
     assert _answers(connect(store.uri, rollout_ids="r1"), "r1") == _answers(full, "r1")  # closing one closes no other
     assert _answers(second, "r5") == _answers(full, "r5")
+
+
+def test_since_lists_only_the_days_from_since_on_and_what_lies_outside_the_layout(tmp_path):
+    """Store.files_since (connect(DATA, since=...), the training job's window) never lists the `date=`
+    directories of earlier days: the listing costs what the window holds, not the store's age."""
+    from datetime import UTC, datetime
+
+    import pyarrow.fs as pafs
+
+    store = Store(tmp_path / "data")
+    store.ensure_schema_file()
+    for hour in (0, 30, 60):  # three days
+        store.write_segment(f"{hour:06d}-00", _spans(["r1"], hour, 0))
+    stray = f"{store.spans_root}/service=agent/stray.parquet"  # outside the date/hour layout: always kept
+    pq.write_table(_spans(["r2"], 0, 1), stray)
+    listed: list[str] = []
+
+    class ListingSpy:  # the store's file system, noting each directory listed
+        def __init__(self, real) -> None:
+            self.real = real
+
+        def get_file_info(self, what):
+            listed.append(what.base_dir if isinstance(what, pafs.FileSelector) else str(what))
+            return self.real.get_file_info(what)
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    store.fs = ListingSpy(store.fs)
+    files = store.files_since(datetime.fromtimestamp((FIRST_HOUR + 30) * 3600, UTC))
+    day = {hour: store.partition_dir("agent", FIRST_HOUR + hour).rsplit("/hour=", 1)[0] for hour in (0, 30, 60)}
+    assert {f.rsplit("/hour=", 1)[0] for f in files if "/hour=" in f} == {day[30], day[60]}
+    assert stray in files
+    assert listed and not any(path.startswith(day[0]) for path in listed)  # the old day never listed
+    assert any(path.startswith(day[30]) for path in listed)

@@ -139,13 +139,17 @@ class Store:
     def files_since(self, since: datetime) -> list[str]:
         """The files (as readers name them) of the hour partitions that end after `since`: every span
         that started at or after it is in one of them. A file outside the date/hour layout is kept."""
-        return sorted(self._reader_name(info.path) for info in self.files() if _from_hour(info.path, since))
+        return sorted(
+            self._reader_name(info.path)
+            for info in self._listing(since)
+            if info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE and _from_hour(info.path, since)
+        )
 
     def indexed_files(self, since: datetime | None = None) -> tuple[list[str], list[tuple[str, int, bytes | None]]]:
         """Listed once, no span file opened: the schema file (if any), and each span file (with `since`,
         of files_since's partitions) as readers name it, with its size and its rollout index's bytes
         (rollout_index.py; None: it has none)."""
-        listed = self._listing()
+        listed = self._listing(since)
         sidecars = {info.path for info in listed if info.base_name.endswith(rollout_index.SUFFIX)}
         schema_files, span_files = [], []
         for info in sorted(listed, key=lambda info: info.path):
@@ -236,9 +240,30 @@ class Store:
             info for info in self._listing() if info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
         ]
 
-    def _listing(self) -> list[pafs.FileInfo]:
-        """Every file under spans/ (span files, the schema file, rollout indexes, temporary files)."""
-        selector = pafs.FileSelector(self.spans_root, recursive=True, allow_not_found=True)
+    def _listing(self, since: datetime | None = None) -> list[pafs.FileInfo]:
+        """Every file under spans/ (span files, the schema file, rollout indexes, temporary files).
+        With `since`, the `date=` directories of days before `since`'s (UTC) are skipped whole, so
+        the cost follows the window, not the store's age; everything else is listed."""
+        if since is None:
+            return self._files_under(self.spans_root)
+        first_day = f"date={since.astimezone(UTC):%Y-%m-%d}"
+        listed = []
+        for top in self._entries(self.spans_root):
+            if top.type != pafs.FileType.Directory:
+                listed += [top] if top.type == pafs.FileType.File else []
+                continue
+            for entry in self._entries(top.path):
+                if entry.type == pafs.FileType.File:
+                    listed.append(entry)
+                elif not _DATE_DIR.fullmatch(entry.base_name) or entry.base_name >= first_day:
+                    listed += self._files_under(entry.path)
+        return listed
+
+    def _entries(self, path: str) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
+
+    def _files_under(self, path: str) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
         return [info for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File]
 
     def has_data(self) -> bool:
@@ -279,6 +304,9 @@ class Store:
 def _tmp_path(path: str) -> str:
     """Where a local file is written before its rename to `path` (hidden; this process and thread's)."""
     return f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
+
+
+_DATE_DIR = re.compile(r"date=\d{4}-\d{2}-\d{2}")
 
 
 def _from_hour(path: str, since: datetime) -> bool:
