@@ -275,7 +275,7 @@ def test_since_and_rollout_ids_narrow_together(store):
 
 
 def test_lookup_connections_share_only_the_read_only_views(store):
-    """Lookups are cursors of one read-only database per process (query._lookup_connection): each
+    """Lookups are cursors of one read-only database per process (lookup_connection.py): each
     has its own files, TEMP objects and registered tables, and none can drop or replace the views."""
     full = connect(store.uri)
     first, second = connect(store.uri, rollout_ids="r1"), connect(store.uri, rollout_ids="r5")  # other files

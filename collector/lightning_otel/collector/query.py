@@ -33,11 +33,7 @@ the time limit and cap of query_limits.QueryLimiter (the collector's and the das
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
-import threading
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TypeVar
@@ -347,7 +343,7 @@ def parquet_source(store: Store) -> str:
     return f"read_parquet({_literal(store.glob())}, union_by_name = true)"
 
 
-def _listed_source(files: list[str]) -> str | None:
+def listed_source(files: list[str]) -> str | None:
     """`files`, listed once (None: there are none)."""
     return f"read_parquet([{', '.join(map(_literal, files))}], union_by_name = true)" if files else None
 
@@ -370,9 +366,9 @@ def _create_views(
 
     def read_files() -> None:  # binding reads the footers: a file compaction deletes meanwhile is listed again
         if rollout_ids is not None:
-            source = _listed_source(rollout_files(conn, store, rollout_ids, since))
+            source = listed_source(rollout_files(conn, store, rollout_ids, since))
         elif since is not None:
-            source = _listed_source(store.files_since(since))
+            source = listed_source(store.files_since(since))
         else:
             source = parquet_source(store)
         if source is not None:
@@ -398,43 +394,11 @@ def connect(
     if rollout_ids is not None:
         rollout_ids = [rollout_ids] if isinstance(rollout_ids, str) else list(rollout_ids)
         if store.is_local:
-            return _lookup_connection(store, rollout_ids, since)
+            from lightning_otel.collector.lookup_connection import lookup_connection  # it reads this module
+
+            return lookup_connection(store, rollout_ids, since)
     conn = duckdb.connect()
     _create_views(conn, store, since, rollout_ids)
-    return conn
-
-
-_views_database: tuple[int, duckdb.DuckDBPyConnection] | None = None  # (the process that made it, it)
-_views_database_lock = threading.Lock()
-
-
-def _lookup_connection(store: Store, rollout_ids: list[str], since: datetime | None) -> duckdb.DuckDBPyConnection:
-    """A lookup's connection: a cursor of one read-only database per process that holds the views over
-    an empty spans table, with its own TEMP `spans_raw` over the rollouts' files shadowing the empty one.
-    A lookup then pays neither for a new DuckDB database nor for binding every view (together about
-    half of a lookup's time over a 720-file store). What the caller makes on it (TEMP tables and views,
-    registered tables) stays its own; the shared views cannot be dropped or replaced (read-only)."""
-    global _views_database
-    with _views_database_lock:
-        if _views_database is None or _views_database[0] != os.getpid():  # a forked child makes its own
-            folder = tempfile.mkdtemp(prefix="lightning-otel-views-")
-            with duckdb.connect(os.path.join(folder, "views.duckdb")) as writer:
-                writer.register("_arrow_spans", SPANS_SCHEMA.empty_table())
-                writer.execute("CREATE TABLE _empty_spans AS SELECT * FROM _arrow_spans")
-                for statement in view_statements("_empty_spans"):
-                    writer.execute(statement)
-            views = duckdb.connect(os.path.join(folder, "views.duckdb"), read_only=True)
-            atexit.register(lambda: (views.close(), shutil.rmtree(folder, ignore_errors=True)))
-            _views_database = (os.getpid(), views)
-        conn = _views_database[1].cursor()
-
-    def read_files() -> None:  # binding reads the footers: a file compaction deletes meanwhile is listed again
-        source = _listed_source(rollout_files(conn, store, rollout_ids, since))
-        if source is not None:
-            conn.execute(spans_raw_statement(source, temporary=True))
-
-    if store.has_data():
-        retry_vanished_files(read_files)
     return conn
 
 
