@@ -32,6 +32,8 @@ def rows(output: str) -> list[dict[str, str]]:
     names = [name.strip() for name in lines[header].split("|")]
     table = []
     for line in lines[header + 1 :]:
+        if line.startswith("eval |"):  # the held-out pass printed between iterations
+            continue
         cells = [cell.strip() for cell in line.split("|")]
         if len(cells) != len(names):
             break
