@@ -66,6 +66,7 @@ def run_agent(vllm_server, collector, mode: str, rewards: list[float], lightning
         timeout=300,
     )
     assert process.returncode == 0, process.stderr[-4000:]
+    sys.stderr.write(process.stderr[-4000:])  # shown when the test fails: the agent's warnings (a probe timeout)
     return json.loads(process.stdout.strip().splitlines()[-1])
 
 
