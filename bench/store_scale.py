@@ -19,8 +19,7 @@ back. The select stage is `training_run.select_in_window` with that state, and o
 same run. Each figure is the median of 3 runs on a fresh connection. Disk use is printed. One
 rollout's token ids are timed twice: on `connect(DATA, rollout_ids=...)` (only the files whose rollout
 index, collector/rollout_index.py, may hold it) and on a whole-store connect; the first lookup on a
-store is printed on its own (it reads every file's index; later ones in the process reuse what they
-read while the files are unchanged).
+store is printed on its own (the process's first also builds the views database, lookup_connection.py).
 """
 
 from __future__ import annotations
@@ -204,7 +203,7 @@ def measure(spans: int, days: int, untrained: int, keep: Path | None, whole_stor
             continue
         params = [middle] if "?" in sql else []
         narrowed = NARROWED[label](middle) if label in NARROWED else {}
-        if params:  # a lookup that found nothing would time nothing; the first reads the store's indexes
+        if params:  # a lookup that found nothing would time nothing
             began = time.perf_counter()
             assert connect(data_dir, **narrowed).execute(sql, params).fetchall(), label
             print(f"  {label}, the first on this store: {(time.perf_counter() - began) * 1000:.0f} ms", flush=True)

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import random
 import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 # The share of copied digits the warm-up's demonstrations get wrong: a demonstrator that copies each of
@@ -199,9 +201,6 @@ def warm_up(base: Path, out: Path, steps: int, learning_rate: float, seed: int) 
     demonstrator's copies, each right only most of the time (WARM_UP_SLIPPED_DIGITS).
     An attempt that has not passed after WARM_UP_ATTEMPT_STEPS starts over (`attempt_seed`), until
     `steps` in all have run; `out/warm_up.json` then says how many steps and attempts it took."""
-    import shutil
-    import tempfile
-
     done, attempt = 0, 0
     with tempfile.TemporaryDirectory(prefix="tool-use-warm-up-") as scratch:
         while True:

@@ -142,7 +142,7 @@ class Store:
         return sorted(
             self._reader_name(info.path)
             for info in self._listing(since)
-            if info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE and _from_hour(info.path, since)
+            if _is_span_file(info) and _from_hour(info.path, since)
         )
 
     def indexed_files(self, since: datetime | None = None) -> tuple[list[str], list[tuple[str, int, bytes | None]]]:
@@ -155,7 +155,7 @@ class Store:
         for info in sorted(listed, key=lambda info: info.path):
             if info.base_name == SCHEMA_FILE:
                 schema_files.append(self._reader_name(info.path))
-            elif info.base_name.endswith(".parquet") and (since is None or _from_hour(info.path, since)):
+            elif _is_span_file(info) and (since is None or _from_hour(info.path, since)):
                 sidecar = rollout_index.sidecar_path(info.path)
                 index = self._read(sidecar) if sidecar in sidecars else None
                 span_files.append((self._reader_name(info.path), info.size, index))
@@ -236,9 +236,7 @@ class Store:
         return f"{self.spans_root}/service={partition_value(service)}/date={when:%Y-%m-%d}/hour={when:%H}"
 
     def files(self) -> list[pafs.FileInfo]:
-        return [
-            info for info in self._listing() if info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
-        ]
+        return [info for info in self._listing() if _is_span_file(info)]
 
     def _listing(self, since: datetime | None = None) -> list[pafs.FileInfo]:
         """Every file under spans/ (span files, the schema file, rollout indexes, temporary files).
@@ -249,8 +247,9 @@ class Store:
         first_day = f"date={since.astimezone(UTC):%Y-%m-%d}"
         listed = []
         for top in self._entries(self.spans_root):
+            if top.type == pafs.FileType.File:
+                listed.append(top)
             if top.type != pafs.FileType.Directory:
-                listed += [top] if top.type == pafs.FileType.File else []
                 continue
             for entry in self._entries(top.path):
                 if entry.type == pafs.FileType.File:
@@ -299,6 +298,10 @@ class Store:
             self.write(part, path, LIVE_WRITE_OPTIONS, lists_with_values(part), indexed=True)
             written.append(path)
         return written
+
+
+def _is_span_file(info: pafs.FileInfo) -> bool:
+    return info.base_name.endswith(".parquet") and info.base_name != SCHEMA_FILE
 
 
 def _tmp_path(path: str) -> str:
