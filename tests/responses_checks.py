@@ -51,6 +51,34 @@ def vllm_tokenization(vllm_server, chat: dict) -> list[int]:
         return json.loads(reply.read())["tokens"]
 
 
+def vllm_tokenize(vllm_server, body: dict) -> list[int]:
+    """vLLM's /tokenize of a chat request `body` as given, its rendering flags
+    (`continue_final_message`, `add_generation_prompt`) included."""
+    request = urllib.request.Request(
+        vllm_server.url + "/tokenize", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())["tokens"]
+
+
+PREFILL = [{"role": "user", "content": "what is 2 + 3?"}, {"role": "assistant", "content": "The answer is"}]
+CONTINUED = {"continue_final_message": True, "add_generation_prompt": False}
+
+
+def check_prefill_ran_open(vllm_server, call: dict, output_tokens: int | None) -> None:
+    """A call that continued PREFILL's last (assistant) message: its prompt ids are vLLM's rendering
+    of the message left open, which differs from any rendering that closes it and opens a new turn
+    (a re-rendering of the messages with a generation prompt)."""
+    model = vllm_server.served_model_name
+    assert call["source"] == "token_ids", call
+    assert list(call["prompt"]) == vllm_tokenize(vllm_server, {"model": model, "messages": PREFILL, **CONTINUED})
+    closed = {"model": model, "messages": PREFILL, "add_generation_prompt": True}
+    assert list(call["prompt"]) != vllm_tokenize(vllm_server, closed)
+    assert call["completion"] and len(call["completion"]) == len(call["logprobs"])
+    assert output_tokens is None or len(call["completion"]) == output_tokens  # as the caller was told
+    assert all(lp <= 0.0 for lp in call["logprobs"])
+
+
 def check_trainable(vllm_server, call: dict, chat: dict | None = None) -> dict:
     """The chat request the call ran (`chat`, else the one its span recorded), after checking the
     call is trainable as vLLM ran it."""

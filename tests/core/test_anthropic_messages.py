@@ -94,6 +94,21 @@ def test_tool_choice(choice, expected):
     assert chat_request({**body, "tool_choice": choice})["tool_choice"] == expected
 
 
+def test_a_final_assistant_message_is_continued_not_closed():
+    # Anthropic's prefill: the reply continues the last assistant turn (vLLM's continue_final_message)
+    asked = [{"role": "user", "content": "2+3?"}, {"role": "assistant", "content": [{"type": "text", "text": "It is"}]}]
+    chat = chat_request({"model": "m", "max_tokens": 4, "messages": asked})
+    assert chat["messages"][-1] == {"role": "assistant", "content": "It is"}
+    assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
+    answered = chat_request({"model": "m", "max_tokens": 4, "messages": asked[:1]})
+    assert "continue_final_message" not in answered and "add_generation_prompt" not in answered
+    call = {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1}}
+    calling = chat_request(
+        {"model": "m", "max_tokens": 4, "messages": [asked[0], {"role": "assistant", "content": [call]}]}
+    )
+    assert "continue_final_message" not in calling  # a tool call is not a prefill to continue
+
+
 def test_stream_asks_for_usage():
     chat = chat_request({"model": "m", "max_tokens": 1, "messages": [], "stream": True})
     assert chat["stream"] is True and chat["stream_options"] == {"include_usage": True}

@@ -17,7 +17,7 @@ import pytest
 from anthropic.types import Message
 from helpers import wait_for
 from opentelemetry.instrumentation.utils import suppress_instrumentation
-from responses_checks import merge_boundaries, server_tokenizer
+from responses_checks import PREFILL, check_prefill_ran_open, merge_boundaries, server_tokenizer
 from swap_traffic import swaps_under_traffic_drop_nothing
 
 from lightning_otel.collector import connect
@@ -124,6 +124,17 @@ def _post(url: str, body: dict | bytes, headers: dict | None = None) -> tuple[in
             return reply.status, reply.read().decode(), dict(reply.headers)
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode(), dict(error.headers)
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_prefill_is_continued_and_recorded_as_vllm_ran_it(gateway, vllm_server, session_collector, streamed):
+    # Anthropic continues a final assistant message; the ids recorded are the open rendering vLLM ran
+    rollout_id = f"anthropic-prefill-{uuid.uuid4().hex[:8]}"
+    body = {"model": "policy", "max_tokens": 4, "messages": PREFILL, "stream": streamed}
+    status, text, _ = _post(f"{gateway.url}/rollout/{rollout_id}/v1/messages", body)
+    assert status == 200, text
+    [call] = calls_of(session_collector, rollout_id, 1)
+    check_prefill_ran_open(vllm_server, call, None if streamed else json.loads(text)["usage"]["output_tokens"])
 
 
 def _events(text: str) -> list[tuple[str, dict]]:

@@ -12,7 +12,15 @@ import uuid
 
 import openai
 import pytest
-from responses_checks import calls_of, check_trainable, merge_boundaries, server_tokenizer
+from responses_checks import (
+    CONTINUED,
+    PREFILL,
+    calls_of,
+    check_prefill_ran_open,
+    check_trainable,
+    merge_boundaries,
+    server_tokenizer,
+)
 from swap_traffic import swaps_under_traffic_drop_nothing
 
 from lightning_otel.collector import connect
@@ -55,6 +63,18 @@ def test_responses_calls_streamed_and_not_are_trainable(gateway, vllm_server, se
     # the trainer merges the two turns, or says at which token and why it could not, as for chat
     samples, [boundary] = merge_boundaries(session_collector, gateway.url, rollout_id, server_tokenizer(vllm_server))
     assert samples == (1 if boundary.merged else 2) and (boundary.merged or boundary.cause), boundary
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_prompt_ids_are_the_ones_vllm_ran_not_a_re_rendering(gateway, vllm_server, session_collector, streamed):
+    # vLLM's continue_final_message passes through: a re-rendering of the messages would close the
+    # prefilled answer, the ids vLLM ran leave it open
+    rollout_id = f"responses-prefill-{uuid.uuid4().hex[:8]}"
+    body = {"model": vllm_server.served_model_name, "input": PREFILL, "max_output_tokens": 4, **CONTINUED}
+    status, reply = _post(f"{gateway.url}/rollout/{rollout_id}/v1/responses", {**body, "stream": streamed})
+    assert status == 200
+    [call] = calls_of(session_collector, rollout_id, 1)
+    check_prefill_ran_open(vllm_server, call, None if streamed else reply["usage"]["output_tokens"])
 
 
 def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict | str]:

@@ -13,6 +13,7 @@ import anthropic
 import pytest
 from anthropic.types import Message, ToolUseBlock
 from helpers import wait_for
+from responses_checks import PREFILL, check_prefill_ran_open
 
 import lightning_otel
 from lightning_otel.collector import connect
@@ -117,6 +118,24 @@ def test_tool_loop_sync_create_and_stream_is_trainable(vllm_server, instrumented
     ]  # fmt: skip
     check_trainable(rows[1], tokenize(vllm_server, asked, CHAT_TOOLS), second.usage.output_tokens)
     assert first.usage.input_tokens == len(rows[0]["prompt"]) and second.usage.input_tokens == len(rows[1]["prompt"])
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_prefill_is_continued_and_recorded_as_vllm_ran_it(vllm_server, instrumented, session_collector, streamed):
+    # Anthropic continues a final assistant message: the reply is its continuation, and the ids
+    # recorded are vLLM's open rendering of it, not a re-rendering that closes it
+    client = anthropic.Anthropic(base_url=vllm_server.url, api_key="none")
+    ask = dict(model=vllm_server.served_model_name, max_tokens=4, messages=PREFILL)
+    with lightning_otel.rollout(task_id="anthropic-prefill") as rollout:
+        if streamed:
+            with client.messages.stream(**ask) as stream:
+                reply = stream.get_final_message()
+        else:
+            reply = client.messages.create(**ask)
+    assert isinstance(reply, Message)
+    instrumented.flush()
+    [row] = llm_rows(session_collector, rollout.rollout_id, 1)
+    check_prefill_ran_open(vllm_server, row, reply.usage.output_tokens)
 
 
 def test_async_create_streamed_and_not(vllm_server, instrumented, session_collector):

@@ -6,14 +6,12 @@ Includes the stock OpenAI Agents SDK agent with its default model class (OpenAIR
 from __future__ import annotations
 
 import asyncio
-import json
-import urllib.request
 import uuid
 
 import httpx2
 import openai
 import pytest
-from responses_checks import SentRequests, calls_of, check_trainable, vllm_tokenization
+from responses_checks import SentRequests, calls_of, check_trainable, vllm_tokenization, vllm_tokenize
 
 import lightning_otel
 
@@ -145,16 +143,7 @@ def test_prompt_ids_are_the_ones_vllm_ran_not_a_re_rendering(vllm_server, instru
     [(path, chat)] = sent.sent
     assert path == "/v1/chat/completions" and chat["continue_final_message"] is True
     assert chat["messages"] == prefill
-    ran = _tokenize(vllm_server, {"model": chat["model"], "messages": prefill, **ask["extra_body"]})
+    ran = vllm_tokenize(vllm_server, {"model": chat["model"], "messages": prefill, **ask["extra_body"]})
     assert call["prompt"] == ran and call["source"] == "token_ids"
     assert call["prompt"] != vllm_tokenization(vllm_server, chat)  # the same messages, rendered closed
     assert len(call["completion"]) == len(call["logprobs"]) == 5 and all(lp <= 0.0 for lp in call["logprobs"])
-
-
-def _tokenize(vllm_server, body: dict) -> list[int]:
-    """vLLM's /tokenize of `body` as given (its rendering flags included)."""
-    request = urllib.request.Request(
-        vllm_server.url + "/tokenize", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(request, timeout=60) as reply:
-        return json.loads(reply.read())["tokens"]

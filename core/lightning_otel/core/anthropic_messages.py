@@ -16,6 +16,7 @@ except the fields listed in IGNORED_FIELDS, which change nothing a chat completi
                                             string or text blocks; `is_error` prefixes "Error: "
   assistant text / tool_use blocks       -> the assistant's content and `tool_calls` (input as JSON)
   assistant thinking blocks              -> left out (a chat template has no place for them)
+  a final assistant message (a prefill)  -> continued, not closed (vLLM's `continue_final_message`)
   tools [{name, description, input_schema}] -> function tools; tool_choice auto / any (required) /
                                             tool (that function) / none; disable_parallel_tool_use
   max_tokens, stop_sequences (stop), temperature, top_p, top_k, stream
@@ -222,6 +223,10 @@ def chat_request(body: Any) -> dict[str, Any]:
         else:
             raise _refuse(f"messages[{i}].role must be 'user', 'assistant' or 'system'")
     chat: dict[str, Any] = {"model": body["model"], "messages": messages, "max_tokens": max_tokens}
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        # A prefill: Anthropic continues a final assistant message, where chat completions would
+        # close it and open a new turn; vLLM renders it open when asked to continue it.
+        chat["continue_final_message"], chat["add_generation_prompt"] = True, False
     if body.get("tools"):
         chat["tools"] = _tools(body["tools"])
     if body.get("tool_choice") is not None:
