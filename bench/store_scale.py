@@ -13,8 +13,8 @@ Each store is written with the collector's own Store, one compacted file per ser
 rollout, row groups with Bloom filters; the layout a flushing, compacting collector leaves): rollouts of 8 spans (a
 root, 4 LLM calls with 64 prompt and 16 completion ids, 2 tool calls, 1 reward), spread evenly over
 the hours. The job's state is the steady state of a job that runs every few minutes: every rollout
-but the newest `--untrained` in the trained ledger (with start times), and a watermark 10 minutes
-back. The select stage is `training_run.select_in_window` with that state, and once more with
+but the newest `--untrained` in the trained ledger (with start times, one file per step of 512
+rollouts, named as retired steps are: checkpoints.ledger_name), and a watermark 10 minutes back. The select stage is `training_run.select_in_window` with that state, and once more with
 `[selection] backfill = true` (the whole store, what every run read before the watermark), in the
 same run. Each figure is the median of 3 runs on a fresh connection. Disk use is printed. One
 rollout's token ids are timed twice: on `connect(DATA, rollout_ids=...)` (only the files whose rollout
@@ -43,13 +43,14 @@ from lightning_otel.collector import connect
 from lightning_otel.collector.compaction import write_compacted
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
-from lightning_otel.trainer.checkpoints import CheckpointStore
+from lightning_otel.trainer.checkpoints import CheckpointStore, ledger_name
 from lightning_otel.trainer.config import TrainConfig
 from lightning_otel.trainer.training_run import select_in_window
 
 KINDS = np.array(["AGENT", "LLM", "TOOL", "LLM", "TOOL", "LLM", "LLM", "EVALUATOR"])
 SPANS_PER_ROLLOUT = len(KINDS)
 PROMPT, COMPLETION = 64, 16
+ROLLOUTS_PER_STEP = 512  # one ledger file per trained step, as the job retires them
 ONE_ROLLOUT = "SELECT prompt_token_ids, completion_token_ids FROM llm_calls WHERE rollout_id = ?"
 LAST_HOUR = """SELECT rollout_id, reward, llm_calls FROM rollouts
                WHERE start_time > now() - INTERVAL 1 HOUR ORDER BY reward DESC LIMIT 20"""
@@ -155,7 +156,10 @@ def build(data_dir: Path, state_dir: Path, spans: int, days: int, untrained: int
     ids = pa.chunked_array(ledger_ids).combine_chunks()[: total - untrained]
     starts = pa.chunked_array(ledger_starts).combine_chunks()[: total - untrained]
     state = CheckpointStore(state_dir)
-    pq.write_table(pa.table({"rollout_id": ids, "start_us": starts}), state.ledger_dir / "step-000001.parquet")
+    trained = pa.table({"rollout_id": ids, "start_us": starts})
+    for step, first in enumerate(range(0, trained.num_rows, ROLLOUTS_PER_STEP)):  # as retired steps leave it
+        chunk = trained.slice(first, ROLLOUTS_PER_STEP)
+        pq.write_table(chunk, state.ledger_dir / ledger_name(f"step-{step + 1:06d}", chunk))
     state.save_watermark(datetime.now(UTC) - timedelta(minutes=10))
     return total, f"r-{total // 2}"
 

@@ -5,10 +5,12 @@ selection and commit still trains each rollout once, and the run reads only the 
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from helpers import local_collector
@@ -194,3 +196,42 @@ def test_max_rollouts_holds_the_watermark_at_the_newest_rollout_it_took(job):
     assert held is not None and abs(held - (now - timedelta(minutes=50))) < timedelta(milliseconds=1)  # not "second"
     assert run_once(config).status == "trained"
     assert _ledger(state.root) == ["first-0", "first-1", "second-0", "second-1"]
+
+
+def test_the_ledger_files_before_the_window_are_not_opened(tmp_path, monkeypatch):
+    """Retired steps' ledger files are named with their newest start; a run's window passes over the
+    older ones unopened and still gets every id it must not select (nulls and old-named files always)."""
+    state = CheckpointStore(tmp_path / "state")
+    steps = {  # step -> (ids, start times in us)
+        1: (["a", "b"], [100, 200]),
+        2: (["c", "d"], [300, None]),  # a start the ledger does not know: the file is always read
+        3: (["e"], [None]),
+        4: (["f", "g"], [500, 600]),
+    }
+    for step, (ids, starts) in steps.items():
+        folder = state.checkpoints / f"step-{step:06d}"
+        folder.mkdir()
+        table = pa.table({"rollout_id": pa.array(ids, pa.string()), "start_us": pa.array(starts, pa.int64())})
+        pq.write_table(table, folder / "rollouts.parquet")
+        (folder / "state.json").write_text(json.dumps({"version": str(step)}))
+    pq.write_table(pa.table({"rollout_id": ["old"]}), state.ledger_dir / "step-000000.parquet")  # no start_us
+    state.retire(keep=2)  # steps 1 and 2 go to the ledger, 3 and 4 stay committed
+    assert sorted(p.name for p in state.ledger_dir.iterdir()) == [
+        "step-000000.parquet",
+        "step-000001.newest-200.parquet",
+        "step-000002.parquet",
+    ]
+    opened = []
+    read_table = pq.read_table
+    monkeypatch.setattr(
+        pq, "read_table", lambda path, *a, **k: opened.append(Path(path).name) or read_table(path, *a, **k)
+    )
+    ids = lambda started_from: sorted(state.trained_ids(started_from).column("rollout_id").to_pylist())  # noqa: E731
+    assert ids(None) == ["a", "b", "c", "d", "e", "f", "g", "old"]
+    opened.clear()
+    assert ids(300) == ["c", "d", "e", "f", "g", "old"]
+    assert "step-000001.newest-200.parquet" not in opened and "step-000002.parquet" in opened
+    opened.clear()
+    assert ids(401) == ["d", "e", "f", "g", "old"]
+    assert not any(name.startswith("step-000001") for name in opened)
+    assert ids(200) == ["b", "c", "d", "e", "f", "g", "old"]  # the boundary: a start equal to it is kept

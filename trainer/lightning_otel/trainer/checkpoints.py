@@ -27,6 +27,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from contextlib import contextmanager
@@ -98,8 +99,13 @@ class CheckpointStore:
 
     def trained_ids(self, started_from_us: int | None = None) -> pa.Table:
         """The ledger's rollout ids; `started_from_us`: only those of rollouts that started then or later
-        (rows written before the ledger kept start times are always kept)."""
-        files = [p / "rollouts.parquet" for p in self.committed()] + sorted(self.ledger_dir.glob("*.parquet"))
+        (rows written before the ledger kept start times are always kept). A ledger file whose name
+        says its newest start (`ledger_name`) before `started_from_us` is not opened: a job that has
+        run for months reads the files of its window, not one per step ever trained."""
+        ledger = sorted(self.ledger_dir.glob("*.parquet"))
+        if started_from_us is not None:
+            ledger = [f for f in ledger if not _newest_start_before(f.name, started_from_us)]
+        files = [p / "rollouts.parquet" for p in self.committed()] + ledger
         tables = []
         for table in (pq.read_table(f) for f in files if f.exists()):
             if started_from_us is not None and "start_us" in table.column_names:
@@ -189,6 +195,25 @@ class CheckpointStore:
         """Keep the newest `keep` checkpoints (at least 2: the served one and its rollback); the
         rollout ids of retired ones move to ledger/ first, so the ledger never forgets a step."""
         for old in self.committed()[: -max(keep, 2)]:
-            if (old / "rollouts.parquet").exists():
-                os.replace(old / "rollouts.parquet", self.ledger_dir / f"{old.name}.parquet")
+            trained = old / "rollouts.parquet"
+            if trained.exists():
+                os.replace(trained, self.ledger_dir / ledger_name(old.name, pq.read_table(trained)))
             shutil.rmtree(old)
+
+
+_NEWEST = re.compile(r"\.newest-(\d+)\.parquet$")
+
+
+def ledger_name(stem: str, trained: pa.Table) -> str:
+    """The ledger file name of a step's trained rollouts (rollout_id, start_us): `<stem>.newest-<us>.parquet`
+    with the newest start, so trained_ids can pass over it unopened; `<stem>.parquet` when a start is
+    unknown (null, or no start_us column), a file every run reads."""
+    starts = trained.column("start_us") if "start_us" in trained.column_names else None
+    if starts is None or trained.num_rows == 0 or starts.null_count:
+        return f"{stem}.parquet"
+    return f"{stem}.newest-{pc.max(starts).as_py()}.parquet"
+
+
+def _newest_start_before(name: str, started_from_us: int) -> bool:
+    found = _NEWEST.search(name)
+    return found is not None and int(found.group(1)) < started_from_us
