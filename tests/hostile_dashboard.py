@@ -1,6 +1,7 @@
 """Seeded hostile requests for `lightning-otel dashboard` (tests/dashboards/test_dashboard_hostile.py): bad
 paths, huge and invalid query strings, wrong tokens and Host headers, odd methods and content, raw
-bytes, and the SQL door's write-or-peek statements (hostile_sql.py) sent with the right token.
+bytes, and the SQL door's write-or-peek statements and odd `rollout_ids` (hostile_sql.py) sent with the
+right token.
 
 `dashboard_case(seed, index, token, paths)` depends on its arguments alone, so a failure is rebuilt
 from the printed seed and index. Each case says which replies it may get (`allowed`; None: any that
@@ -12,10 +13,11 @@ from __future__ import annotations
 import gzip
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hostile_otlp import Request
-from hostile_sql import Paths, Query, write_or_peek_query
+from hostile_sql import Paths, Query, rollout_ids_query, write_or_peek_query
 from hostile_wire import http_request
 
 JSON = "application/json"
@@ -188,8 +190,8 @@ def _raw(rng: random.Random, seed: int, index: int, token: str) -> Case:
     return Case(Request("raw-random", raw=rng.randbytes(512)))
 
 
-def dashboard_case(seed: int, index: int, token: str, paths: Paths) -> Case:
-    """The index-th request of the run with `seed`."""
+def dashboard_case(seed: int, index: int, token: str, paths: Paths, rollouts: Sequence[str] = ()) -> Case:
+    """The index-th request of the run with `seed`; `rollouts`: rollout ids the store holds."""
     rng = random.Random(f"{seed}/dashboard/{index}")
     roll = rng.random()
     if roll < 0.14:
@@ -204,8 +206,13 @@ def dashboard_case(seed: int, index: int, token: str, paths: Paths) -> Case:
         return _method(rng, token)
     if roll < 0.78:
         return _bad_body(rng, token)
-    if roll < 0.92:
+    if roll < 0.90:
         return _raw(rng, seed, index, token)
-    query = write_or_peek_query(rng, paths, index)
+    if roll < 0.95:
+        query = write_or_peek_query(rng, paths, index)
+        kind = "sql-" + query.kind
+    else:  # kinds "rollouts-...": the views narrowed to rollouts, with odd values
+        query = rollout_ids_query(rng, paths, index, rollouts)
+        kind = query.kind
     headers = {"Content-Type": JSON, **_auth(token), **(query.headers or {})}
-    return Case(Request("sql-" + query.kind, query.payload(), headers, path="/v1/query"), query=query)
+    return Case(Request(kind, query.payload(), headers, path="/v1/query"), query.allowed, query=query)

@@ -1,10 +1,13 @@
 """Seeded hostile statements for the collector's POST /v1/query, for tests/collector/test_collector_hostile.py.
 
-Two kinds: `write_or_peek_query` tries to change a file (COPY, EXPLAIN ANALYZE, ATTACH, EXPORT, profiling
+Three kinds: `write_or_peek_query` tries to change a file (COPY, EXPLAIN ANALYZE, ATTACH, EXPORT, profiling
 output, spilling), read one outside the store, or learn a host path; `stall_query` is costly to parse,
-plan or run (deep nesting, huge statements, cross joins). A query's `targets` are the paths it tries
-to write: none may exist afterwards. `mentions_paths` tells whether the statement itself names a host
-path (an error may then echo it back; a reply to any other statement must name none).
+plan or run (deep nesting, huge statements, cross joins); `rollout_ids_query` sends the body's optional
+`rollout_ids` (the views narrowed to rollouts) with odd values on both sides of the door's caps, beside
+plain reads and write-or-peek statements (tests/collector/test_query_door.py, hostile_dashboard.py).
+A query's `targets` are the paths it tries to write: none may exist afterwards. `mentions_paths` tells
+whether the statement itself names a host path (an error may then echo it back; a reply to any other
+statement must name none). `allowed`: the replies it may get (None: any that is not a server error).
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from lightning_otel.collector.query_limits import MAX_ROLLOUT_ID_BYTES, MAX_ROLLOUT_IDS
 
 SPILL_EVERY = 40  # one statement in this many spills (each holds a query slot for the whole time limit)
 
@@ -28,6 +34,9 @@ class Paths:
     learned: tuple = ()  # directories the door itself named (its allowed_directories): attackers ask first
 
 
+NO_FIELD = object()  # a body without "rollout_ids"
+
+
 @dataclass
 class Query:
     kind: str
@@ -35,12 +44,21 @@ class Query:
     body: bytes | None = None
     targets: tuple = ()
     headers: dict | None = None
+    rollout_ids: object = NO_FIELD  # the body's "rollout_ids", any JSON value
+    allowed: frozenset | None = None
 
     def payload(self) -> bytes:
-        return self.body if self.sql is None else json.dumps({"sql": self.sql}).encode()
+        if self.sql is None:
+            return self.body or b""
+        fields = (
+            {"sql": self.sql} if self.rollout_ids is NO_FIELD else {"sql": self.sql, "rollout_ids": self.rollout_ids}
+        )
+        return json.dumps(fields).encode()
 
     def mentions(self, paths: Paths) -> bool:
         text = self.sql if self.sql is not None else (self.body or b"").decode("utf-8", "replace")
+        if self.rollout_ids is not NO_FIELD:
+            text += str(self.rollout_ids)
         return any(p in text for p in (paths.store, paths.canary, paths.cwd))
 
 
@@ -244,3 +262,123 @@ def stall_query(rng: random.Random, pick: int | None = None) -> Query:
         "store-join",
         "SELECT count(*) FROM spans_raw a, spans_raw b, spans_raw c WHERE a.name || b.name = c.name || 'x'",
     )
+
+
+def _odd_id(rng: random.Random, paths: Paths, n: int) -> str:
+    """One non-empty rollout id within the door's cap: text a lookup must treat as data, never as SQL
+    or a path."""
+    return rng.choice(
+        [
+            "\x00",
+            "a\x00b",
+            "'",
+            "''",
+            "\\",
+            "' OR 1=1 --",
+            "r1' OR rollout_id IS NOT NULL --",
+            f"'); COPY (SELECT 1) TO '{paths.canary}/written-{n}.csv'; --",
+            "x' UNION SELECT * FROM read_text('/etc/passwd') --",
+            "*",
+            "**/*.parquet",
+            "%",
+            "?",
+            "$1",
+            "../../../etc/passwd",
+            f"{paths.spans}/_schema.parquet",
+            "tracestore://spans/_schema.parquet",
+            "NULL",
+            " ",
+            "\n\t\r",
+            "\u202e\u0301",
+            "\U0001f600",
+            "é" * (MAX_ROLLOUT_ID_BYTES // 2),  # exactly at the cap in UTF-8
+            "x" * MAX_ROLLOUT_ID_BYTES,
+            rng.randbytes(16).hex(),
+        ]
+    )
+
+
+def rollout_ids_value(rng: random.Random, paths: Paths, n: int, known: Sequence[str] = ()) -> tuple[object, bool]:
+    """A value for the body's "rollout_ids", and whether the door must accept it (a list of 1 to
+    MAX_ROLLOUT_IDS non-empty strings of valid Unicode, each at most MAX_ROLLOUT_ID_BYTES in UTF-8).
+    `known`: rollout ids the store holds."""
+    real = list(known) or ["r1"]
+    valid = [
+        lambda: [rng.choice(real)],
+        lambda: rng.sample(real, rng.randint(1, min(len(real), MAX_ROLLOUT_IDS))),
+        lambda: [rng.choice(real)] * rng.randint(2, MAX_ROLLOUT_IDS),  # duplicates
+        lambda: [_odd_id(rng, paths, n) for _ in range(rng.randint(1, 5))],
+        lambda: [_odd_id(rng, paths, n), rng.choice(real)],
+        lambda: [f"r{i}" for i in range(MAX_ROLLOUT_IDS)],  # at the cap
+    ]
+    invalid = [
+        lambda: rng.choice([None, True, 0, -1, 1.5, float("nan"), "r1", "", {"0": "r1"}, {}]),
+        lambda: [],
+        lambda: rng.choice([[None], [1], [True], [["r1"]], [{"id": "r1"}], [real[0], 2], [1e400]]),
+        lambda: [""] if rng.random() < 0.5 else [real[0], ""],
+        lambda: [f"r{i}" for i in range(rng.choice([MAX_ROLLOUT_IDS + 1, 1000, 20_000]))],  # too many
+        lambda: [rng.choice(real)] * (MAX_ROLLOUT_IDS + 1),  # too many, all the same
+        lambda: [
+            rng.choice(
+                [
+                    "x" * (MAX_ROLLOUT_ID_BYTES + 1),
+                    "é" * (MAX_ROLLOUT_ID_BYTES // 2 + 1),
+                    "\U0001f600" * (MAX_ROLLOUT_ID_BYTES // 4 + 1),
+                    "y" * rng.choice([10_000, 200_000]),
+                ]
+            )
+        ],
+        lambda: [rng.choice(["\ud800", "a\udfff", "\ud83d"])],  # lone surrogates: JSON can say them, UTF-8 cannot
+    ]
+    if rng.random() < 0.5:
+        return rng.choice(valid)(), True
+    return rng.choice(invalid)(), False
+
+
+_NARROW_READS = [
+    "SELECT count(DISTINCT rollout_id) AS rollouts, count(*) AS spans FROM spans",
+    "SELECT rollout_id, task_id, llm_calls, reward FROM rollouts ORDER BY rollout_id",
+    "SELECT count(*) FROM llm_calls",
+    "SELECT count(*) FROM merge_diagnostics",
+    "SELECT name, rollout_id FROM spans_raw ORDER BY name LIMIT 50",
+]
+
+
+def rollout_ids_query(rng: random.Random, paths: Paths, n: int, known: Sequence[str] = ()) -> Query:
+    """POST /v1/query with `rollout_ids`: an odd or valid value beside a plain read (a 200 when the
+    value is valid) or a write-or-peek statement (whatever the value, nothing may be written), or a raw
+    body that says the field oddly. An invalid value is a 400 before any SQL runs."""
+    value, valid = rollout_ids_value(rng, paths, n, known)
+    in_id = f"{paths.canary}/written-{n}.csv"  # what an id that smuggles a COPY would write
+    pick = rng.random()
+    if pick < 0.1:
+        real = json.dumps((list(known) or ["r1"])[:1]).encode()
+        body = rng.choice(
+            [
+                b'{"sql": "SELECT 1", "rollout_ids": ' + real + b', "rollout_ids": 5}',  # the last one counts
+                b'{"rollout_ids": ' + real + b"}",  # no sql
+                b'{"sql": "SELECT 1", "rollout_ids": NaN}',
+                b'{"sql": "SELECT 1", "rollout_ids": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                b'{"sql": "SELECT 1", "rollout_ids": ["\\ud800"]}',
+                b'{"sql": "SELECT 1", "rollout_ids": "' + b"r" * 5000 + b'"}',
+            ]
+        )
+        return Query("rollouts-raw-body", None, body=body, allowed=frozenset({400}))
+    plain = frozenset({200 if valid else 400})
+    if pick < 0.2:  # a file by its host path: the narrowed views' connection must read no more than the sandbox
+        source = rng.choice(
+            [f"{paths.canary}/secret.txt", paths.part_file, f"{paths.spans}/**/*.parquet", "/etc/passwd"]
+        )
+        reader = rng.choice(["read_text", "read_blob", "read_parquet", "read_csv", "glob"])
+        sql = f"SELECT * FROM {reader}('{source}')"
+        return Query("rollouts-read-outside", sql, targets=(in_id,), rollout_ids=value, allowed=frozenset({400}))
+    if pick < 0.5:
+        return Query("rollouts-read", rng.choice(_NARROW_READS), targets=(in_id,), rollout_ids=value, allowed=plain)
+    query = write_or_peek_query(rng, paths, n)
+    if query.sql is None:  # an odd body of its own: the field goes with a plain statement instead
+        return Query("rollouts-read", "SELECT 1", targets=(in_id,), rollout_ids=value, allowed=plain)
+    query.kind = "rollouts-" + query.kind
+    query.targets += (in_id,)
+    query.rollout_ids = value
+    query.allowed = None if valid else frozenset({400})
+    return query

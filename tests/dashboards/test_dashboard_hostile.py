@@ -1,7 +1,7 @@
 """`lightning-otel dashboard` under hostile input: a real dashboard process (query token, tokenizer,
 a small store) takes a seeded stream of bad requests (tests/hostile_dashboard.py: bad paths, huge and
 invalid query strings, wrong tokens and Host headers, odd methods, bodies and raw bytes, and the SQL
-door's write-or-peek statements sent with the right token).
+door's write-or-peek statements and odd `rollout_ids` sent with the right token).
 
 HOSTILE_SEED=<n> replays a run: the seed is printed and every failure names it and the request's index.
 One module fixture runs the campaign once; each test asserts one property of it.
@@ -36,6 +36,7 @@ REQUESTS, THREADS = 1500, 3
 TOKEN = "hostile-dashboard-token"
 REPLAY = f"replay with HOSTILE_SEED={SEED}"
 WEB_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "lightning_otel" / "dashboards" / "web"
+ROLLOUTS = [f"hostile-r{n}" for n in range(5)]
 
 
 @dataclass
@@ -65,9 +66,11 @@ def _tokenizer(path: Path) -> Path:
 
 
 def _store(data_dir: Path) -> None:
+    from lightning_otel.core import schema
+
     def build(tracer):
-        for n in range(5):
-            with tracer.start_as_current_span(f"hostile-dashboard-{n}"):
+        for n, rollout in enumerate(ROLLOUTS):
+            with tracer.start_as_current_span(f"hostile-dashboard-{n}", attributes={schema.ROLLOUT_ID: rollout}):
                 pass
 
     with local_collector(data_dir) as collector:
@@ -119,7 +122,7 @@ def campaign(tmp_path_factory) -> Run:
         def worker(first: int) -> list:
             sender, done = HttpSender("127.0.0.1", port, timeout_s=60), []
             for index in range(first, REQUESTS, THREADS):
-                case = dashboard_case(SEED, index, TOKEN, paths)
+                case = dashboard_case(SEED, index, TOKEN, paths, ROLLOUTS)
                 done.append((case, *_send(sender, "127.0.0.1", port, case, index)))
             sender.close()
             return done
@@ -160,7 +163,7 @@ def _label(case: Case, outcome: Outcome) -> str:
 def test_the_campaign_covers_every_kind(campaign):
     kinds = Counter(outcome.kind.split("-")[0] for _, outcome, _ in campaign.results)
     assert len(campaign.results) == REQUESTS
-    for kind in ("path", "query", "token", "host", "method", "body", "raw", "wire", "sql"):
+    for kind in ("path", "query", "token", "host", "method", "body", "raw", "wire", "sql", "rollouts"):
         assert kinds[kind] >= 20, (kind, kinds)
     answered = sum(1 for _, outcome, _ in campaign.results if outcome.code is not None)
     assert answered >= 0.9 * REQUESTS, f"only {answered} replies; {REPLAY}"

@@ -3,23 +3,26 @@
 The server runs as its own process on a free loopback port; Debian's Chromium is driven by
 Playwright. Every check compares what the page shows with SQL (or Python) computed here over the
 same store: counts, per-step rewards, filters, generated tokens, the divergent token of a failed
-merge. The page must make no request outside 127.0.0.1, and no script error.
+merge. The page must make no request outside 127.0.0.1, and no script error. The rollout page asks
+the server for one rollout with `rollout_ids` (its files, not the store), the other pages without.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import pytest
 
 from lightning_otel.collector import connect
+from lightning_otel.collector.query_limits import MAX_ROLLOUT_ID_BYTES
 from lightning_otel.core import schema
 from lightning_otel.core.servers import free_port, wait_http_ok
 from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.integration
 RENDERED = """() => { const v = document.getElementById('view');
                       return v.dataset.ready === 'true' && v.dataset.hash === location.hash; }"""
 TIMEOUT_MS = 120_000  # two shared cores: a view's queries can take a while
+WEB_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "lightning_otel" / "dashboards" / "web"
 
 
 class Dashboard:
@@ -438,3 +442,48 @@ def test_training_view_shows_what_was_left_out_of_training(page, tmp_path):
             " r.querySelector('[data-col=rollouts]').textContent])"
         )
         assert sorted((cause, int(tokens), int(rollouts)) for cause, tokens, rollouts in shown) == sorted(expected)
+
+
+def _query_bodies(page) -> list[dict]:
+    """The JSON bodies the page posts to v1/query from now on (the list fills as it runs)."""
+    bodies: list[dict] = []
+    page.on(
+        "request",
+        lambda request: (
+            bodies.append(json.loads(request.post_data or "{}"))
+            if request.method == "POST" and urlsplit(request.url).path.endswith("/v1/query")
+            else None
+        ),
+    )
+    return bodies
+
+
+def test_the_rollout_page_narrows_its_queries_to_the_rollout(page, dashboard, store):
+    """The rollout page sends `rollout_ids: [id]` with its queries about the rollout, its spans and its
+    calls (the server then reads only the files that can hold it); its merge diagnostics, whose rollout
+    id the rollout index does not hold, and every other page read the whole store."""
+    rollout_id = store.execute(
+        "SELECT rollout_id FROM rollouts ORDER BY llm_calls DESC, rollout_id LIMIT 1"
+    ).fetchone()[0]
+    bodies = _query_bodies(page)
+    for route in ("#overview", "#training", "#rollouts"):
+        open_view(page, dashboard.url + route)
+    assert len(bodies) > 5 and [b for b in bodies if "rollout_ids" in b] == []
+    bodies.clear()
+    open_view(page, dashboard.url + f"#rollout/{quote(rollout_id)}")
+    narrowed = [b["sql"] for b in bodies if b.get("rollout_ids") == [rollout_id]]
+    whole = [b["sql"] for b in bodies if "rollout_ids" not in b]
+    assert len(narrowed) + len(whole) == len(bodies)
+    assert sorted(re.search(r"\bFROM (\w+)", sql)[1] for sql in narrowed) == ["llm_calls", "rollouts", "spans"]
+    assert [re.search(r"\bFROM (\w+)", sql)[1] for sql in whole] == ["merge_diagnostics"]
+    # An id over the server's cap, or none, is looked up over the whole store (a narrowed one would be a 400).
+    for odd in ("x" * (MAX_ROLLOUT_ID_BYTES + 1), ""):
+        bodies.clear()
+        open_view(page, dashboard.url + f"#rollout/{odd}")
+        assert "No rollout" in page.inner_text("#view") and len(bodies) == 4
+        assert [b for b in bodies if "rollout_ids" in b] == []
+
+
+def test_the_page_and_the_server_agree_on_the_rollout_id_cap():
+    rollout_js = (WEB_DIR / "rollout.js").read_text()
+    assert re.search(r"const MAX_ROLLOUT_ID_BYTES = (\d+);", rollout_js)[1] == str(MAX_ROLLOUT_ID_BYTES)

@@ -15,7 +15,8 @@ whole body gets 408 and the connection is closed; an idle keep-alive connection 
 
 Query: `{"sql": "SELECT ..."}` -> `{"columns": [...], "rows": [[...], ...]}`, one read-only
 statement against a sandboxed DuckDB connection in a query worker process (never this process's
-GIL), bearer token required, limited in size, in time and in how many run at once
+GIL), bearer token required, limited in size, in time and in how many run at once; an optional
+`"rollout_ids": [...]` narrows the views to those rollouts
 (collector/lightning_otel/collector/query_limits.py).
 """
 

@@ -16,6 +16,11 @@ that got past the check:
 - No host path shows: views, settings (`allowed_directories`, `temp_directory`, `secret_directory`)
   and errors name `tracestore://spans/...`, never the store's directory.
 
+With `rollout_ids` the views are narrowed as `connect(DATA, rollout_ids=...)` narrows them: `spans_raw`
+reads only the files rollout_lookup.rollout_files chooses (named under tracestore://spans/), on the
+same sandboxed connection with the same settings. The choice itself reads the files' trace ids on a
+connection of its own, made and closed before the client's statement runs; no client SQL runs on it.
+
 query_worker.py runs `run_query` in worker processes, query_limits.py bounds it in time and count.
 """
 
@@ -25,14 +30,21 @@ import contextlib
 import errno
 import os
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import duckdb
 from fsspec import AbstractFileSystem
 from fsspec.implementations.dirfs import DirFileSystem
 
-from lightning_otel.collector.query import parquet_source, spans_raw_statement, view_statements
+from lightning_otel.collector.query import (
+    listed_source,
+    parquet_source,
+    retry_vanished_files,
+    spans_raw_statement,
+    view_statements,
+)
+from lightning_otel.collector.rollout_lookup import rollout_files
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import SPANS_DIR, Store
 
@@ -125,27 +137,70 @@ def _store_files(store: Store) -> AbstractFileSystem:
     return fsspec.filesystem(protocol, **options)
 
 
-def _create_views(conn: duckdb.DuckDBPyConnection, store: Store) -> None:
+Watch = Callable[[duckdb.DuckDBPyConnection], AbstractContextManager]
+
+
+def _rollout_files(store: Store, rollout_ids: Sequence[str], memory_limit: str, watch: Watch | None) -> list[str]:
+    """rollout_lookup's files for `rollout_ids`, as the store's readers name them. Chosen on a connection
+    of its own: the choice reads files by their host names, which the sandboxed connection cannot."""
+    lister = duckdb.connect(config={"memory_limit": memory_limit, **_CONFIG})
+    try:
+        if not store.is_local:
+            lister.register_filesystem(_store_files(store))
+        with watch(lister) if watch is not None else contextlib.nullcontext():
+            return retry_vanished_files(lambda: rollout_files(lister, store, list(rollout_ids)))
+    finally:
+        lister.close()
+
+
+def _create_views(
+    conn: duckdb.DuckDBPyConnection,
+    store: Store,
+    memory_limit: str,
+    rollout_ids: Sequence[str] | None = None,
+    watch: Watch | None = None,
+) -> None:
     """query.connect()'s views, `spans_raw` reading the same source expression with the store's
-    glob moved under tracestore://spans/."""
+    files named under tracestore://spans/: the store's glob, or with `rollout_ids` the files a lookup
+    of those rollouts reads (query.connect(rollout_ids=...)'s choice)."""
     conn.register_filesystem(ReadOnlyStore(store.root, _store_files(store)))
     conn.register("_empty_spans", SPANS_SCHEMA.empty_table())
     for statement in view_statements("_empty_spans"):
         conn.execute(statement)
-    if store.has_data():
-        host_glob, source = store.glob(), parquet_source(store)
+    if not store.has_data():
+        return
+    host_glob = store.glob()
+    host_root = host_glob[: host_glob.rindex(store.spans_root) + len(store.spans_root)]
+
+    def sandboxed(name: str) -> str:
+        if not name.startswith(host_root + "/"):
+            raise AssertionError(f"{name} is not under the store's {host_root}")
+        return SPANS_URL.rstrip("/") + name[len(host_root) :]
+
+    if rollout_ids is None:
+        source = parquet_source(store)
         if _sql_string(host_glob) not in source:
             raise AssertionError(f"query.parquet_source no longer reads {host_glob}")
-        under_spans = host_glob[host_glob.rindex(store.spans_root) + len(store.spans_root) :]  # /**/*.parquet
-        sandboxed = _sql_string(SPANS_URL.rstrip("/") + under_spans)
-        conn.execute(spans_raw_statement(source.replace(_sql_string(host_glob), sandboxed)))
+        conn.execute(spans_raw_statement(source.replace(_sql_string(host_glob), _sql_string(sandboxed(host_glob)))))
+        return
+    files = [sandboxed(name) for name in _rollout_files(store, rollout_ids, memory_limit, watch)]
+    listed = listed_source(files)
+    if listed is not None:  # none: spans_raw stays the empty table
+        conn.execute(spans_raw_statement(listed))
 
 
-def sandboxed_connect(data_dir: str | os.PathLike, memory_limit: str = QUERY_MEMORY_LIMIT) -> duckdb.DuckDBPyConnection:
-    """query.connect()'s views on a connection that can write no file and read only the store."""
+def sandboxed_connect(
+    data_dir: str | os.PathLike,
+    memory_limit: str = QUERY_MEMORY_LIMIT,
+    rollout_ids: Sequence[str] | None = None,
+    watch: Watch | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """query.connect()'s views on a connection that can write no file and read only the store;
+    with `rollout_ids`, narrowed to those rollouts as query.connect(rollout_ids=...) narrows them
+    (`watch` holds the connection that chooses their files, as run_query's holds the statement's)."""
     conn = duckdb.connect(config={"memory_limit": memory_limit, **_CONFIG})
     try:
-        _create_views(conn, Store(data_dir))
+        _create_views(conn, Store(data_dir), memory_limit, rollout_ids, watch)
         for setting in _SETTINGS:
             conn.execute(setting)
     except BaseException:
@@ -174,10 +229,12 @@ def run_query(
     sql: str,
     max_rows: int = MAX_QUERY_ROWS,
     memory_limit: str = QUERY_MEMORY_LIMIT,
-    watch: Callable[[duckdb.DuckDBPyConnection], AbstractContextManager] | None = None,
+    watch: Watch | None = None,
+    rollout_ids: Sequence[str] | None = None,
 ) -> dict:
     """One read-only statement from the network, on a sandboxed connection opened for it alone:
-    `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows).
+    `{"columns": [...], "rows": [[...]], "truncated": bool}` (at most `max_rows` rows). With
+    `rollout_ids` (checked by query_limits.rollout_ids_of) the views are narrowed to those rollouts.
 
     Raises ValueError for anything but one query and duckdb.Error for a failing one (both are the
     caller's 400). `watch(conn)`, a context manager, holds the connection while the statement runs
@@ -186,7 +243,7 @@ def run_query(
     if not isinstance(sql, str):
         raise ValueError("'sql' must be a string")
     statement = parse_read_only(sql)
-    conn = sandboxed_connect(data_dir, memory_limit)
+    conn = sandboxed_connect(data_dir, memory_limit, rollout_ids, watch)
     try:
         with watch(conn) if watch is not None else contextlib.nullcontext():
             result = conn.execute(statement)

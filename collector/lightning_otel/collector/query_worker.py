@@ -53,6 +53,7 @@ class Job:
     memory_limit: str
     timeout_s: float  # what is left of the time limit when the worker receives it
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))  # the server's, as it is now
+    rollout_ids: tuple[str, ...] | None = None  # checked (query_limits.rollout_ids_of); None: the whole store
 
 
 # Worker process ---------------------------------------------------------------------------------
@@ -106,7 +107,10 @@ def _answer(job: Job) -> tuple[str, object]:
         os.environ.update(job.environ)
     deadline = _Deadline(job.timeout_s)
     try:
-        return "rows", run_query(job.data_dir, job.sql, job.max_rows, job.memory_limit, watch=deadline.hold)
+        rows = run_query(
+            job.data_dir, job.sql, job.max_rows, job.memory_limit, watch=deadline.hold, rollout_ids=job.rollout_ids
+        )
+        return "rows", rows
     except (ValueError, duckdb.Error) as exc:
         return ("timeout", None) if deadline.fired else ("refused", scrub_error(str(exc), job.data_dir))
     except Exception as exc:  # a bug here, not the client's: the server answers 500

@@ -7,7 +7,9 @@ else) is a SQL client of this server:
   GET  /v1/config          the span-schema names the page's SQL needs, and what this server offers
   POST /v1/query           {"sql": "SELECT ..."} -> {"columns", "rows", "truncated"}: one read-only
                            statement in the collector's sandbox, with its time limit and cap on
-                           queries at once (collector.query_limits.QueryLimiter)
+                           queries at once (collector.query_limits.QueryLimiter); with
+                           "rollout_ids": [...] over the views narrowed to those rollouts (the
+                           rollout page sends its rollout's id)
   POST /v1/detokenize      {"ids": [...]} -> {"tokens": [...]}, each id's text piece (--tokenizer)
 
 With a query token the two POST routes want `Authorization: Bearer T`; the page asks for it once

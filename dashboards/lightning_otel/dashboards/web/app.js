@@ -187,9 +187,10 @@ async function post(path, body) {
   }
 }
 
-/** Rows as objects keyed by column name. */
-async function query(sql) {
-  const { columns, rows } = await post("v1/query", { sql });
+/** Rows as objects keyed by column name. `rolloutIds` (optional): the server runs `sql` over the views
+ * narrowed to those rollouts (POST /v1/query's `rollout_ids`), which reads their files, not the store. */
+async function query(sql, rolloutIds) {
+  const { columns, rows } = await post("v1/query", rolloutIds ? { sql, rollout_ids: rolloutIds } : { sql });
   return rows.map((row) => Object.fromEntries(columns.map((name, i) => [name, row[i]])));
 }
 

@@ -98,10 +98,19 @@ function summary(rollout) {
   </section>`);
 }
 
+// The server's cap on one id in `rollout_ids` (query_limits.MAX_ROLLOUT_ID_BYTES); a longer id is
+// looked up over the whole store.
+const MAX_ROLLOUT_ID_BYTES = 4096;
+
 export async function renderRollout(root, api, rolloutId) {
   const { sql, query, schema } = api;
+  // The rollout, its spans and its calls are read from the files that can hold this rollout, not the
+  // store (`rollout_ids`). Its merge diagnostics are not: the trainer writes them in spans of its own
+  // whose rollout id is an attribute, which the rollout index does not hold.
+  const narrow = rolloutId && new TextEncoder().encode(rolloutId).length <= MAX_ROLLOUT_ID_BYTES ? [rolloutId] : undefined;
   const [found, spans, calls, merges] = await Promise.all([
-    query(sql.rollout(rolloutId)), query(sql.rolloutSpans(rolloutId)), query(sql.rolloutCalls(rolloutId)), query(sql.rolloutMerges(rolloutId)),
+    query(sql.rollout(rolloutId), narrow), query(sql.rolloutSpans(rolloutId), narrow), query(sql.rolloutCalls(rolloutId), narrow),
+    query(sql.rolloutMerges(rolloutId)),
   ]);
   if (found.length === 0) {
     root.append(html(`<p class="empty">No rollout <code>${esc(rolloutId)}</code> in the store. <a href="#rollouts">All rollouts</a></p>`));
