@@ -10,7 +10,7 @@ by `;`); it runs `--rollouts` rollouts of each, exports their spans and prints o
 reward (starting with `@answer `, what `training_loop.AgentProcess` waits for). It ends at the end of
 its input, so the SDK's imports are paid once, not once per batch.
 
-    echo "What is 37 * 48?=1776" | python examples/tool_use/calculator_agent.py \
+    echo 'What is "37*48"?=1776' | python examples/tool_use/calculator_agent.py \
         --base-url http://127.0.0.1:8000/v1 --rollouts 4
 """
 

@@ -1,9 +1,15 @@
 """The tool-use task: arithmetic the model cannot do in its head, with a calculator it can call.
 
-Task: "What is 37 * 48?" (two-digit operands, a four-digit product). The agent has one tool,
+Task: `What is "37*48"?` (two-digit operands, a four-digit product). The agent has one tool,
 `calculator(expression)`. Solving takes two model calls: one that calls the tool with the question's
 expression (copied), one that reports the tool's result (copied): "The answer is 1776."
 Reward: 1 when the final answer's last number is the right result, else 0.
+
+Why the quotes and no spaces: a 2-layer model copies a digit by finding the token that came before it
+(the digit before, `"` before the first operand, `*` before the second). Written `What is 37 * 48?`,
+the operands' first digits follow " is " and "* ", spaces that precede many tokens, and the tool's
+description had "12 * 34" for the second one to find: whether the warm-up learnt those two copies was
+a lottery over initializations (README, "What the warm-up teaches").
 
 `sft_examples` are what the SFT warm-up shows the model: one prompt -> completion pair per model
 call of a solved rollout, rendered by the same chat template vLLM uses, tools included.
@@ -25,7 +31,7 @@ from collections.abc import Callable
 
 INSTRUCTIONS = "Use the calculator tool, then reply: The answer is <result>."
 TOOL_NAME = "calculator"
-TOOL_DESCRIPTION = "Evaluate an arithmetic expression such as 12 * 34."
+TOOL_DESCRIPTION = "Evaluate an arithmetic expression over integers with +, - and *."  # no digits to copy by mistake
 _AST_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 _NUMBER = re.compile(r"-?\d+")
 
@@ -57,7 +63,7 @@ EVAL_TASKS = 64  # the fixed held-out evaluation set the examples' loop runs (`e
 
 
 def split_of(a: int, b: int) -> str:
-    """The split "What is a * b?" belongs to: a hash of the operands (not of a seed) into SPLITS' shares.
+    """The split the question of (a, b) belongs to: a hash of the operands (not of a seed) into SPLITS' shares.
     Symmetric: a * b and b * a have one product, so they share a split."""
     low, high = sorted((a, b))
     bucket = int.from_bytes(hashlib.sha256(f"{low} * {high}".encode()).digest()[:8], "big") % 100
@@ -77,7 +83,7 @@ def operands_in(split: str) -> tuple[tuple[int, int], ...]:
 
 
 def _task(a: int, b: int) -> tuple[str, int]:
-    return f"What is {a} * {b}?", a * b
+    return f'What is "{a}*{b}"?', a * b
 
 
 def make_task(rng: random.Random, split: str = "rl") -> tuple[str, int]:
@@ -101,7 +107,8 @@ def random_result(rng: random.Random) -> int:
 
 
 def expression_of(question: str) -> str:
-    return question.removeprefix("What is ").removesuffix("?")
+    """`What is "37*48"?` -> `37*48`."""
+    return question.removeprefix('What is "').removesuffix('"?')
 
 
 def reward(final_answer: str, result: int) -> float:
@@ -129,8 +136,8 @@ def solved_conversation(question: str, result: int, garble: Callable[[str], str]
     reports the tool's result. `garble`, if given, rewrites each copied number as the demonstrator
     writes it (`slip_digits`); the prompts stay exact."""
     garble = garble or str
-    a, b = expression_of(question).split(" * ")
-    arguments = {"expression": f"{garble(a)} * {garble(b)}"}
+    a, b = expression_of(question).split("*")
+    arguments = {"expression": f"{garble(a)}*{garble(b)}"}
     call = {"id": "call_0", "type": "function", "function": {"name": TOOL_NAME, "arguments": arguments}}
     start = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": question}]
     calling = {"role": "assistant", "content": None, "tool_calls": [call]}

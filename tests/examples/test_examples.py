@@ -217,7 +217,7 @@ def test_calculator_tasks_have_four_digit_products_and_the_warm_up_shows_solved_
     rng = random.Random(0)
     for _ in range(200):
         question, result = task.make_task(rng)
-        a, b = (int(x) for x in task.expression_of(question).split(" * "))
+        a, b = (int(x) for x in task.expression_of(question).split("*"))
         assert result == a * b and 1000 <= result <= 9999
     examples = task.sft_examples(50, random.Random(1))
     # The options below left at 0, the warm-up's tasks are drawn from rng alone, from the warm_up split.
@@ -255,11 +255,11 @@ def test_calculator_warm_up_slips_the_share_of_copied_digits_asked_and_keeps_pro
         # The prompts stay what the agent would see: the question, and the tool's result for the call made.
         question, result = call["prompt"][1]["content"], answer["prompt"][-1]["content"]
         assert call["prompt"] == answer["prompt"][:2] and answer["prompt"][2] == call["completion"][0]
-        assert re.fullmatch(r"What is [1-9]\d \* [1-9]\d\?", question) and re.fullmatch(r"[1-9]\d{3}", result)
+        assert re.fullmatch(r'What is "[1-9]\d\*[1-9]\d"\?', question) and re.fullmatch(r"[1-9]\d{3}", result)
         written = call["completion"][0]["tool_calls"][0]["function"]["arguments"]["expression"]
         reply = answer["completion"][0]["content"]
-        assert re.fullmatch(r"[1-9]\d \* [1-9]\d", written) and re.fullmatch(r"The answer is [1-9]\d{3}\.", reply)
-        for shown, right in ((written, question[8:-1]), (reply, f"The answer is {result}.")):
+        assert re.fullmatch(r"[1-9]\d\*[1-9]\d", written) and re.fullmatch(r"The answer is [1-9]\d{3}\.", reply)
+        for shown, right in ((written, task.expression_of(question)), (reply, f"The answer is {result}.")):
             pairs = [(s, r) for s, r in zip(shown, right, strict=True) if r.isdigit()]
             wrong += sum(s != r for s, r in pairs)
             total += len(pairs)

@@ -18,7 +18,7 @@ import run as tool_use  # noqa: E402
 
 
 def _operands(question: str) -> frozenset[int]:
-    a, b = (int(x) for x in calculator_task.expression_of(question).split(" * "))
+    a, b = (int(x) for x in calculator_task.expression_of(question).split("*"))
     return frozenset((a, b))  # a * b and b * a: one question as far as memorising goes
 
 
@@ -81,5 +81,5 @@ def test_warm_up_check_rl_and_eval_questions_are_disjoint_for_every_seed(seed):
 def test_the_eval_set_is_fixed_across_seeds_and_runs():
     assert calculator_task.eval_tasks() == calculator_task.eval_tasks()
     for question, result in calculator_task.eval_tasks():
-        a, b = (int(x) for x in calculator_task.expression_of(question).split(" * "))
+        a, b = (int(x) for x in calculator_task.expression_of(question).split("*"))
         assert result == a * b and calculator_task.split_of(a, b) == "eval"
