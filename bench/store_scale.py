@@ -20,6 +20,9 @@ same run. Each figure is the median of 3 runs on a fresh connection. Disk use is
 rollout's token ids are timed twice: on `connect(DATA, rollout_ids=...)` (only the files whose rollout
 index, collector/rollout_index.py, may hold it) and on a whole-store connect; the first lookup on a
 store is printed on its own (the process's first also builds the views database, lookup_connection.py).
+Before any query the days before today get their day index (collector/day_index.py, what the collector's
+maintenance builds), so a lookup lists only the days that may hold the rollout; the time that takes is
+printed.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from lightning_otel.collector import connect
 from lightning_otel.collector.compaction import write_compacted
+from lightning_otel.collector.day_index import build_day_index, unindexed_days
 from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.trainer.checkpoints import CheckpointStore, ledger_name
@@ -164,6 +168,16 @@ def build(data_dir: Path, state_dir: Path, spans: int, days: int, untrained: int
     return total, f"r-{total // 2}"
 
 
+def index_days(data_dir: Path) -> int:
+    """Build the day index of every day before today, as the collector's maintenance does a few days
+    per pass (pipeline.Pipeline.index_days); returns how many."""
+    store = Store(data_dir)
+    days = unindexed_days(store, datetime.now(UTC))
+    for day in days:
+        assert build_day_index(store, day), day
+    return len(days)
+
+
 def median_seconds(run, repeats: int = 3) -> tuple[float, list[float]]:
     timings = []
     for _ in range(repeats):
@@ -187,6 +201,9 @@ def measure(spans: int, days: int, untrained: int, keep: Path | None, whole_stor
         f"built in {time.perf_counter() - began:.0f} s, {disk_bytes(data_dir) / 2**30:.2f} GiB on disk",
         flush=True,
     )
+    began = time.perf_counter()
+    indexed = index_days(data_dir)
+    print(f"  day indexes of the {indexed} days before today: built in {time.perf_counter() - began:.1f} s", flush=True)
     config = TrainConfig()
     config.store.data_dir, config.checkpoints.dir = str(data_dir), str(state_dir)
     config.selection.max_rollouts, config.selection.min_age_s = 512, 0.0

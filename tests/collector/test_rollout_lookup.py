@@ -15,13 +15,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from lookup_helpers import ListingSpy, rollout_spans, spans_table
 
 from lightning_otel.collector import connect, rollout_index
 from lightning_otel.collector.pipeline import Pipeline
 from lightning_otel.collector.query_sandbox import sandboxed_connect
 from lightning_otel.collector.rollout_index import sidecar_path
 from lightning_otel.collector.rollout_lookup import rollout_files
-from lightning_otel.collector.span_rows import SPANS_SCHEMA
 from lightning_otel.collector.store import Store
 from lightning_otel.collector.wal import WriteAheadLog
 
@@ -48,41 +48,13 @@ QUERIES = {
 def _spans(rollouts: list[str], hour: int, segment: int) -> pa.Table:
     """Per rollout: a root (the first hour it appears in), an LLM wrapper without ids around an LLM
     call with ids, a reward; span ids unique per (rollout, hour, segment)."""
-    rows = []
-    for number, rollout in enumerate(rollouts):
-        trace = f"{sum(map(ord, rollout)):032x}"
-        began = (FIRST_HOUR + hour) * 3_600_000_000 + 60_000_000 * (number + 1) + segment * 1_000_000
-        tag = f"{(ROLLOUTS + [EXTRA]).index(rollout):02x}{hour:02x}{segment:02x}"
-        first_hour = min((h for (h, _), ids in LAYOUT.items() if rollout in ids), default=hour)
-        kinds = (["AGENT"] if hour == first_hour else []) + ["LLM", "LLM", "EVALUATOR"]
-        for position, kind in enumerate(kinds):
-            rows.append((trace, f"{tag}{position:010x}", rollout, kind, position, began))
-    n = len(rows)
-    has_ids = [kind == "LLM" and position % 2 == 0 for _, _, _, kind, position, _ in rows]
-    columns = {
-        "trace_id": pa.array([r[0] for r in rows]),
-        "span_id": pa.array([r[1] for r in rows]),
-        "rollout_id": pa.array([r[2] for r in rows]),
-        "name": pa.array([r[3].lower() for r in rows]),
-        "span_kind": pa.array([r[3] for r in rows]),
-        "is_rollout_root": pa.array([r[3] == "AGENT" for r in rows]),
-        # the wrapper (no ids) spans 0..100 us, the call inside it 10..20 us
-        "start_time": pa.array([r[5] + (10 if i else 0) for r, i in zip(rows, has_ids)], pa.timestamp("us", tz="UTC")),
-        "end_time": pa.array([r[5] + (20 if i else 100) for r, i in zip(rows, has_ids)], pa.timestamp("us", tz="UTC")),
-        "reward_name": pa.array(["reward" if r[3] == "EVALUATOR" else None for r in rows]),
-        "reward_value": pa.array([float(len(r[2])) if r[3] == "EVALUATOR" else None for r in rows]),
-        "prompt_token_ids": pa.array([[1, hour, segment] if i else None for i in has_ids], pa.list_(pa.int32())),
-        "completion_token_ids": pa.array([[4, 5] if i else None for i in has_ids], pa.list_(pa.int32())),
-        "completion_logprobs": pa.array([[-0.1, -0.2] if i else None for i in has_ids], pa.list_(pa.float64())),
-        "service_name": pa.array(["agent"] * n),
-    }
-    return _table(columns, n)
-
-
-def _table(columns: dict[str, pa.Array], n: int) -> pa.Table:
-    return pa.table(
-        {f.name: columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in SPANS_SCHEMA},
-        schema=SPANS_SCHEMA,
+    return rollout_spans(
+        rollouts,
+        began=lambda number: (FIRST_HOUR + hour) * 3_600_000_000 + 60_000_000 * (number + 1) + segment * 1_000_000,
+        tag=lambda rollout: f"{(ROLLOUTS + [EXTRA]).index(rollout):02x}{hour:02x}{segment:02x}",
+        trace=lambda rollout: f"{sum(map(ord, rollout)):032x}",
+        rooted=lambda rollout: hour == min((h for (h, _), ids in LAYOUT.items() if rollout in ids), default=hour),
+        prompt=[1, hour, segment],
     )
 
 
@@ -180,7 +152,7 @@ def test_a_span_of_the_rollouts_trace_without_its_id_in_another_file_still_count
 
     def spans(rollout, span_ids, kinds, windows, ids) -> pa.Table:
         n = len(span_ids)
-        return _table(
+        return spans_table(
             {
                 "trace_id": pa.array([trace] * n),
                 "span_id": pa.array(span_ids),
@@ -301,8 +273,6 @@ def test_since_lists_only_the_days_from_since_on_and_what_lies_outside_the_layou
     directories of earlier days: the listing costs what the window holds, not the store's age."""
     from datetime import UTC, datetime
 
-    import pyarrow.fs as pafs
-
     store = Store(tmp_path / "data")
     store.ensure_schema_file()
     for hour in (0, 30, 60):  # three days
@@ -310,19 +280,7 @@ def test_since_lists_only_the_days_from_since_on_and_what_lies_outside_the_layou
     stray = f"{store.spans_root}/service=agent/stray.parquet"  # outside the date/hour layout: always kept
     pq.write_table(_spans(["r2"], 0, 1), stray)
     listed: list[str] = []
-
-    class ListingSpy:  # the store's file system, noting each directory listed
-        def __init__(self, real) -> None:
-            self.real = real
-
-        def get_file_info(self, what):
-            listed.append(what.base_dir if isinstance(what, pafs.FileSelector) else str(what))
-            return self.real.get_file_info(what)
-
-        def __getattr__(self, name):
-            return getattr(self.real, name)
-
-    store.fs = ListingSpy(store.fs)
+    store.fs = ListingSpy(store.fs, listed)  # notes each directory listed
     files = store.files_since(datetime.fromtimestamp((FIRST_HOUR + 30) * 3600, UTC))
     day = {hour: store.partition_dir("agent", FIRST_HOUR + hour).rsplit("/hour=", 1)[0] for hour in (0, 30, 60)}
     assert {f.rsplit("/hour=", 1)[0] for f in files if "/hour=" in f} == {day[30], day[60]}

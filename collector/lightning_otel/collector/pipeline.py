@@ -9,6 +9,7 @@
   The inputs are deleted only after a grace period, so a query that listed them a moment ago still
   finds them; meanwhile the `spans` view's deduplication hides the overlap.
 - Retention: hour partitions older than the retention window are deleted.
+- Day indexes: each day that ended compact_grace_s ago gets one (day_index.py), a few per pass.
 Each Parquet file has a rollout index beside it (rollout_index.py), written with it and deleted after it.
 """
 
@@ -34,7 +35,7 @@ from typing import ParamSpec, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from lightning_otel.collector import list_pages, rollout_index
+from lightning_otel.collector import day_index, list_pages, rollout_index
 from lightning_otel.collector.compaction import compact_files
 from lightning_otel.collector.quarantine import describe, quarantine_records, quarantine_segment
 from lightning_otel.collector.span_decoder import assemble_bodies, decode_body, keep_freed_memory
@@ -50,6 +51,7 @@ IDLE_ROTATE_S = 0.05
 MAX_ATTEMPTS = 3  # failed conversions of one segment before it is quarantined
 RETRY_DELAY_S = 1.0  # after a failed conversion; doubled after each, up to MAX_RETRY_DELAY_S
 MAX_RETRY_DELAY_S = 60.0
+DAY_INDEXES_PER_PASS = 4  # a store with months of days without one catches up over passes
 # Failures that say nothing about the segment's data: retried (with the delay) until they clear.
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.ENOMEM}
 
@@ -167,6 +169,7 @@ class Pipeline:
         self._inflight: dict[str, Future] = {}
         self._failures: dict[str, tuple[int, float]] = {}  # segment -> (failed attempts, retry after)
         self._doomed: list[tuple[float, list[str]]] = []  # (delete after, paths)
+        self._unindexable: set[str] = set()  # days whose index failed to build: not retried by this run
         self._last_maintenance = time.monotonic()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -331,11 +334,29 @@ class Pipeline:
                 removed += 1
         return removed
 
+    def index_days(self, now: datetime | None = None) -> int:
+        """Build the day indexes (day_index.py) missing for days that ended compact_grace_s before `now`
+        (their hours compacted), newest first, at most DAY_INDEXES_PER_PASS; returns how many."""
+        ended_before = (now or datetime.now(UTC)) - timedelta(seconds=self.compact_grace_s)
+        days = day_index.unindexed_days(self.store, ended_before, DAY_INDEXES_PER_PASS, self._unindexable)
+        with _stop_signals_blocked():
+            jobs = [(day, self.executor.submit(day_index.build_day_index_at, self.store.uri, day)) for day in days]
+        built = 0
+        for day, future in jobs:
+            try:
+                built += future.result()  # False: a file arrived meanwhile; the next pass tries again
+            except Exception as exc:  # a file no reader accepts, say: lookups list the day, as without one
+                log.warning("could not build the day index of %s (%s)", day, describe(exc))
+                if not isinstance(exc, BrokenProcessPool):
+                    self._unindexable.add(day)
+        return built
+
     def maintain(self) -> None:
         with self._lock:
             self.compact()
             self.delete_doomed()
             self.apply_retention()
+            self.index_days()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -15,6 +15,9 @@ out. The index only ever narrows safely, so nothing in it is kept in step by loc
   (Pipeline.delete_doomed; retention deletes whole partitions); a sidecar whose file is gone is
   never looked at.
 
+Before any of this a lookup skips the days whose own index rules its ids out (day_index.py): their
+directories are not even listed.
+
 A Bloom filter errs only one way: a file may be read for nothing (with FALSE_POSITIVES' odds per
 file and id), never left out. Ids are hashed, never parsed, so a hostile id cannot forge an entry.
 The suffix is not `.parquet`: the store's `**/*.parquet` glob (the query door's too) never reads a

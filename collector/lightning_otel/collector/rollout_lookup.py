@@ -1,13 +1,15 @@
 """The files a lookup by rollout reads (`connect(DATA, rollout_ids=...)`), chosen before DuckDB opens
-any: the store is listed once and each span file's rollout index (rollout_index.py) consulted.
+any: each day's index (day_index.py) decides whether the day is listed at all, then each listed span
+file's rollout index (rollout_index.py) whether it is read.
 
 Two rounds, so that the views answer for the rollouts exactly as over the whole store:
 1. the files whose index may hold one of the rollout ids: every span of the rollouts is in them;
 2. their traces (read from those files alone), and the files whose index may hold one of those
    traces: llm_calls decides whether an LLM span is a wrapper by the other LLM spans of its trace,
    whatever their rollout id (a span another process recorded without the rollout's id, in another
-   service's partition, still counts).
-A file without a trustworthy index is in both rounds.
+   service's partition or another day, still counts). The days the first round skipped are
+   consulted again for the traces.
+A file without a trustworthy index is in both rounds, and so is every file of a day without one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from datetime import datetime
 import duckdb
 
 from lightning_otel.collector import rollout_index
+from lightning_otel.collector.day_index import DayListing
 from lightning_otel.collector.store import Store
 
 
@@ -30,8 +33,9 @@ def rollout_files(
     """The files (as readers name them, the schema file first) that the views need for `rollout_ids`
     (with `since`: within files_since's partitions). `conn` reads the first round's traces (it has
     the store's file system registered)."""
-    schema_files, span_files = store.indexed_files(since)
+    days = DayListing(store, since)
     wanted = rollout_index.keys(rollout_ids)
+    schema_files, span_files = store.indexed_files(since, days.more(wanted))
 
     def holding(keys: list[tuple[int, int]]) -> list[str]:
         return [name for name, size, index in span_files if index is None or rollout_index.may_hold(index, size, keys)]
@@ -44,4 +48,6 @@ def rollout_files(
             WHERE rollout_id IN ({", ".join("?" * len(rollout_ids))}) AND trace_id IS NOT NULL""",
         rollout_ids,
     ).fetchall()
-    return schema_files + holding(wanted + rollout_index.keys(trace_ids=[trace for (trace,) in traces]))
+    both = wanted + rollout_index.keys(trace_ids=[trace for (trace,) in traces])
+    span_files = sorted(span_files + store.indexed_files(since, days.more(both))[1])
+    return schema_files + holding(both)

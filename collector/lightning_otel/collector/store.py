@@ -5,6 +5,7 @@ Layout (Hive partitioning, readable as is by DuckDB, Spark, Trino, ClickHouse):
     ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/part-<WAL segment>.parquet
     ROOT/spans/service=<svc>/date=YYYY-MM-DD/hour=HH/compact-<id>.parquet
     ROOT/spans/.../<name>.rollouts      beside each <name>.parquet: a filter of its rollout and trace ids (rollout_index.py)
+    ROOT/spans/service=<svc>/date=YYYY-MM-DD/day.rollouts, day.confirmed   the day's filter (day_index.py)
 
 <svc> is the service name itself when it is short and made of letters, digits, `-` and `_` only;
 any other name becomes those of its characters (at most _PREFIX_CHARS), `~` and a hash of the whole
@@ -33,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from lightning_otel.collector import list_pages, rollout_index
+from lightning_otel.collector import day_index, list_pages, rollout_index
 from lightning_otel.collector.span_rows import LISTS, SPANS_SCHEMA
 from lightning_otel.collector.wal import fsync_path
 
@@ -145,11 +146,13 @@ class Store:
             if _is_span_file(info) and _from_hour(info.path, since)
         )
 
-    def indexed_files(self, since: datetime | None = None) -> tuple[list[str], list[tuple[str, int, bytes | None]]]:
-        """Listed once, no span file opened: the schema file (if any), and each span file (with `since`,
-        of files_since's partitions) as readers name it, with its size and its rollout index's bytes
-        (rollout_index.py; None: it has none)."""
-        listed = self._listing(since)
+    def indexed_files(
+        self, since: datetime | None = None, listed: list[pafs.FileInfo] | None = None
+    ) -> tuple[list[str], list[tuple[str, int, bytes | None]]]:
+        """Listed once (or of `listed`), no span file opened: the schema file (if any), and each span file
+        (with `since`, of files_since's partitions) as readers name it, with its size and its rollout
+        index's bytes (rollout_index.py; None: it has none)."""
+        listed = self._listing(since) if listed is None else listed
         sidecars = {info.path for info in listed if info.base_name.endswith(rollout_index.SUFFIX)}
         schema_files, span_files = [], []
         for info in sorted(listed, key=lambda info: info.path):
@@ -200,8 +203,10 @@ class Store:
     ) -> None:
         """Write `table` to `path` whole; `list_columns` (flat lists) go through list_pages when it can.
         `indexed`: a span file, with its rollout index (rollout_index.py) beside it; locally the index
-        is in place before the file, so no reader lists the file without it."""
+        is in place before the file, so no reader lists the file without it. The day's index (day_index.py)
+        is deleted before the file is written and again once it is in place."""
         options = options or WRITE_OPTIONS
+        day_index.invalidate(self, path)  # before and after the file is in place (day_index.py)
         parts = list_pages.encode(table, list_columns, **options) if list_columns else None
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -216,6 +221,7 @@ class Store:
                 self._write_rollout_index(path, table, os.path.getsize(tmp))
             os.replace(tmp, path)
             fsync_path(os.path.dirname(path))  # the rename must be durable before the WAL segment goes
+            day_index.invalidate(self, path)
             return
         if parts is None:
             pq.write_table(table, path, filesystem=self.fs, **options)
@@ -225,6 +231,7 @@ class Store:
                     stream.write(part)
         if indexed:  # an object store has no rename: the index follows the file
             self._write_rollout_index(path, table, self.fs.get_file_info(path).size)
+        day_index.invalidate(self, path)
 
     def ensure_schema_file(self) -> None:
         path = f"{self.spans_root}/{SCHEMA_FILE}"
@@ -243,9 +250,15 @@ class Store:
         With `since`, the `date=` directories of days before `since`'s (UTC) are skipped whole, so
         the cost follows the window, not the store's age; everything else is listed."""
         if since is None:
-            return self._files_under(self.spans_root)
-        first_day = f"date={since.astimezone(UTC):%Y-%m-%d}"
-        listed = []
+            return self.files_under(self.spans_root)
+        listed, days = self.day_dirs(since)
+        return listed + [info for day in days for info in self.files_under(day)]
+
+    def day_dirs(self, since: datetime | None = None) -> tuple[list[pafs.FileInfo], list[str]]:
+        """Every file under spans/ outside the `date=` directories (listed), and those directories
+        (with `since`, of its UTC day and later), not listed."""
+        first_day = None if since is None else f"date={since.astimezone(UTC):%Y-%m-%d}"
+        listed, days = [], []
         for top in self._entries(self.spans_root):
             if top.type == pafs.FileType.File:
                 listed.append(top)
@@ -254,14 +267,16 @@ class Store:
             for entry in self._entries(top.path):
                 if entry.type == pafs.FileType.File:
                     listed.append(entry)
-                elif not _DATE_DIR.fullmatch(entry.base_name) or entry.base_name >= first_day:
-                    listed += self._files_under(entry.path)
-        return listed
+                elif not day_index.DATE_DIR.fullmatch(entry.base_name):
+                    listed += self.files_under(entry.path)
+                elif first_day is None or entry.base_name >= first_day:
+                    days.append(entry.path)
+        return listed, days
 
     def _entries(self, path: str) -> list[pafs.FileInfo]:
         return self.fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
 
-    def _files_under(self, path: str) -> list[pafs.FileInfo]:
+    def files_under(self, path: str) -> list[pafs.FileInfo]:
         selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
         return [info for info in self.fs.get_file_info(selector) if info.type == pafs.FileType.File]
 
@@ -307,9 +322,6 @@ def _is_span_file(info: pafs.FileInfo) -> bool:
 def _tmp_path(path: str) -> str:
     """Where a local file is written before its rename to `path` (hidden; this process and thread's)."""
     return f"{os.path.dirname(path)}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
-
-
-_DATE_DIR = re.compile(r"date=\d{4}-\d{2}-\d{2}")
 
 
 def _from_hour(path: str, since: datetime) -> bool:
