@@ -1,7 +1,8 @@
 """Day indexes (collector/day_index.py): a lookup by rollout skips the days whose index rules its ids
 out, without listing them, and answers as it does without them and as a whole-store connect; a write
 into a day removes its index, also when it races the builder; an index that is not whole and
-confirmed is never trusted; the pipeline indexes past days only, a few per pass.
+confirmed is never trusted; the pipeline indexes past days only, a few per pass. On S3:
+test_day_index_s3.py.
 
 The store spans four days of two services, written the collector's way (Store.write_segment): rollouts
 in random hours, rollouts with spans on both sides of a midnight, and rollouts whose LLM span is a
@@ -21,10 +22,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lookup_helpers import ListingSpy, rollout_spans, spans_table
-from test_collector_s3 import s3_endpoint  # noqa: F401  (the fixture: a moto S3 server)
 
 from lightning_otel.collector import connect, day_index, rollout_index
-from lightning_otel.collector.day_index import CONFIRMED_NAME, INDEX_NAME, DayIndex, DayListing, build_day_index
+from lightning_otel.collector.day_index import CONFIRMED_NAME, INDEX_NAME, DayIndex, build_day_index
 from lightning_otel.collector.pipeline import DAY_INDEXES_PER_PASS, Pipeline
 from lightning_otel.collector.rollout_lookup import rollout_files
 from lightning_otel.collector.store import Store
@@ -404,52 +404,3 @@ def test_the_pipeline_indexes_past_days_only_a_few_per_pass(tmp_path):
     pipeline.maintain()
     assert not os.path.exists(f"{today}/{INDEX_NAME}") and all(indexed())
     assert pipeline.index_days() == 0
-
-
-def test_on_an_object_store(s3_endpoint):  # noqa: F811
-    import pyarrow.fs as pafs
-
-    store = Store("s3://traces/day-index")
-    store.ensure_schema_file()
-    _write(store, ["s3-a"], 1, 0)
-    _write(store, ["s3-b"], 25, 0)
-    days = sorted(store.day_dirs()[1])
-    assert len(days) == 2 and all(build_day_index(store, day) for day in days)
-    listed: list[str] = []
-    spied = Store(store.uri)
-    spied.fs = ListingSpy(spied.fs, listed)
-    found = DayListing(spied).more(rollout_index.keys(["s3-a"]))
-    assert {day_index.day_of(store, info.path) for info in found} - {None} == {days[0]}  # None: the schema file
-    assert not any(path.startswith(days[1]) for path in listed)
-    count, whole = QUERIES[1], connect(store.uri)  # one query each: DuckDB over S3 is slow
-
-    def lookup(rollout: str) -> list:
-        found = connect(store.uri, rollout_ids=[rollout]).execute(count, [rollout]).fetchall()
-        assert found == whole.execute(count, [rollout]).fetchall()
-        return found
-
-    assert lookup("s3-a") == lookup("s3-b") == [(4,)]
-    _write(store, ["s3-c"], 26, 1)
-    assert store.fs.get_file_info(f"{days[1]}/{INDEX_NAME}").type == pafs.FileType.NotFound
-    assert not DayIndex(store, days[1]).trusted() and DayIndex(store, days[0]).trusted()
-
-    # A build between a writer's first delete and its PUT: the writer's second delete removes its index.
-    class BuildBeforeEachPut:
-        def __init__(self, real) -> None:
-            self.real = real
-
-        def open_output_stream(self, path: str, *args, **kwargs):
-            if path.endswith(".parquet"):
-                assert build_day_index(Store(store.uri), days[1])
-            return self.real.open_output_stream(path, *args, **kwargs)
-
-        def __getattr__(self, name):
-            return getattr(self.real, name)
-
-    assert build_day_index(store, days[1])
-    writer = Store(store.uri)
-    writer.fs = BuildBeforeEachPut(writer.fs)
-    _write(writer, ["s3-d"], 26, 2)
-    assert not DayIndex(store, days[1]).trusted()
-    whole = connect(store.uri)
-    assert lookup("s3-c") == lookup("s3-d") == [(4,)]
