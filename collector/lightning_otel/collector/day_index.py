@@ -39,7 +39,6 @@ from collections.abc import Callable, Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -200,14 +199,12 @@ def build_day_index(store: Store, day_dir: str) -> bool:
         except FileNotFoundError:  # deleted since the listing: its rows are gone, not missing
             continue
         with parquet:
-            columns = [name for name in ("rollout_id", "trace_id") if name in parquet.schema_arrow.names]
+            names = parquet.schema_arrow.names
+            columns = [name for name in ("rollout_id", "trace_id", "name") if name in names]
             table = parquet.read(columns=columns)
-        keys += rollout_index.keys(
-            *(
-                pc.unique(table.column(name)).drop_null().to_pylist() if name in columns else []
-                for name in ("rollout_id", "trace_id")
-            )
-        )
+            if "name" in columns and "attributes" in names and rollout_index.named_diagnostics(table.column("name")):
+                table = parquet.read(columns=[*columns, "attributes"])  # only the trainer's files: its diagnostics
+        keys += rollout_index.table_keys(table)
     token = secrets.token_hex(8)
     _put(store, f"{day_dir}/{INDEX_NAME}", encode(keys, token))
     after = _span_files(store, day_dir)

@@ -35,6 +35,11 @@ import hashlib
 import math
 from collections.abc import Iterable
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from lightning_otel.core import schema
+
 SUFFIX = ".rollouts"
 FALSE_POSITIVES = 0.001  # per file and id: with 1,000 hour files, about one file read for nothing
 _MIN_BITS = 1024  # a small (live) file's filter is roomy: next to no false positives
@@ -59,6 +64,36 @@ def keys(rollout_ids: Iterable[str] = (), trace_ids: Iterable[str] = ()) -> list
             both = int.from_bytes(digest, "little")
             found.append((both & _MASK64, both >> 64 | 1))
     return found
+
+
+# The trainer's diagnostic spans (merge_diagnostics, input_diagnostics) are not spans of the rollout they
+# describe: they name it in an attribute, which a lookup by rollout must find too.
+DIAGNOSTIC_ROLLOUT_ATTRIBUTES = {
+    schema.SPAN_MERGE_BOUNDARY: schema.MERGE_ROLLOUT,
+    schema.SPAN_INPUT_DIAGNOSTIC: schema.INPUT_ROLLOUT,
+}
+
+
+def named_diagnostics(names: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether a file's span names include a diagnostic span's (then its attributes name rollouts)."""
+    return bool(pc.any(pc.is_in(names, pa.array(list(DIAGNOSTIC_ROLLOUT_ATTRIBUTES)))).as_py())
+
+
+def table_keys(table: pa.Table) -> list[tuple[int, int]]:
+    """The filter's keys for a table of spans: its rollout ids (the column, and those the trainer's
+    diagnostic spans name in an attribute) and its trace ids. Missing columns hold nothing."""
+    columns = set(table.column_names)
+
+    def unique(column: pa.ChunkedArray | pa.Array) -> list[str]:
+        return pc.unique(column).drop_null().to_pylist()
+
+    rollouts = unique(table.column("rollout_id")) if "rollout_id" in columns else []
+    if {"name", "attributes"} <= columns and named_diagnostics(table.column("name")):
+        for name, attribute in DIAGNOSTIC_ROLLOUT_ATTRIBUTES.items():
+            spans = table.filter(pc.equal(table.column("name"), name))
+            if spans.num_rows:
+                rollouts += unique(pc.map_lookup(spans.column("attributes"), attribute, "first"))
+    return keys(rollouts, unique(table.column("trace_id")) if "trace_id" in columns else [])
 
 
 def encode(keys_: list[tuple[int, int]], parquet_size: int) -> bytes:

@@ -104,13 +104,11 @@ const MAX_ROLLOUT_ID_BYTES = 4096;
 
 export async function renderRollout(root, api, rolloutId) {
   const { sql, query, schema } = api;
-  // The rollout, its spans and its calls are read from the files that can hold this rollout, not the
-  // store (`rollout_ids`). Its merge diagnostics are not: the trainer writes them in spans of its own
-  // whose rollout id is an attribute, which the rollout index does not hold.
+  // Everything about this rollout is read from the files that can hold it, not the store (`rollout_ids`).
   const narrow = rolloutId && new TextEncoder().encode(rolloutId).length <= MAX_ROLLOUT_ID_BYTES ? [rolloutId] : undefined;
   const [found, spans, calls, merges] = await Promise.all([
     query(sql.rollout(rolloutId), narrow), query(sql.rolloutSpans(rolloutId), narrow), query(sql.rolloutCalls(rolloutId), narrow),
-    query(sql.rolloutMerges(rolloutId)),
+    query(sql.rolloutMerges(rolloutId), narrow),
   ]);
   if (found.length === 0) {
     root.append(html(`<p class="empty">No rollout <code>${esc(rolloutId)}</code> in the store. <a href="#rollouts">All rollouts</a></p>`));
