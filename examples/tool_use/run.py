@@ -40,8 +40,8 @@ WARM_UP_WEIGHT_DECAY = 0.1
 WARM_UP_RANDOM_RESULTS = 1.0
 # The most steps one warm-up attempt runs: one that has not passed its check by then starts over from
 # another initialization and another draw of demonstrations. Whether a tiny model's copies form, and
-# when, is a lottery over both (at 591f180 seed 1 passed at step 693 and seed 0 had not by 1,600 from
-# their own initializations; seed 0's second passed at 861): starting over bounds what a losing draw costs.
+# when, is a lottery over both (at 38a1a23 seed 0 passed at step 1,025 and seed 1 had not by 1,600 from
+# their own initializations): starting over bounds what a losing draw costs.
 WARM_UP_ATTEMPT_STEPS = 1_600
 # Distinct warm-up conversations: 400, each seen ~20 times in 1,000 steps of 16 (bench/tool_use_warm_up.py
 # --tasks: 5,000 moved when seeds' copies formed, sooner in two and later in one)
@@ -280,9 +280,9 @@ EXAMPLE = training_loop.Example(
     tool_call_parser="hermes",
     # 16 tasks x 8 rollouts per step at 6e-4: the answer's first-digit copy, which RL must finish in some
     # seeds, rose about twice as fast per minute as with 8 tasks at 3e-4 (BENCHMARKS.md, "RL settings")
-    # sft_steps is the warm-up's cap over all its attempts (four of WARM_UP_ATTEMPT_STEPS); seed 1's first
-    # attempt passes at step 693 (BENCHMARKS.md)
-    # 20 iterations: `make demo` (seed 1) ends within 12 minutes with held-out solved risen several-fold (README)
+    # sft_steps is the warm-up's cap over all its attempts (four of WARM_UP_ATTEMPT_STEPS); seed 0's first
+    # attempt passes at step 1,025 (BENCHMARKS.md)
+    # 20 iterations: `make demo` (seed 0) ends within 12 minutes with held-out solved risen several-fold (README)
     defaults={
         "iterations": 20,
         "tasks": 16,
