@@ -177,8 +177,8 @@ class Store:
 
     def _write_rollout_index(self, path: str, table: pa.Table, size: int) -> None:
         """The sidecar of the Parquet file at `path` (of `size` bytes, holding `table`): a filter of its
-        rollout and trace ids (rollout_index.table_keys). Not fsynced: a sidecar torn by a crash fails may_hold's checks, and its
-        file is then read."""
+        rollout and trace ids (rollout_index.table_keys). Not fsynced: a sidecar torn by a crash fails
+        may_hold's checks, and its file is then read."""
         keys = rollout_index.table_keys(table)
         sidecar = rollout_index.sidecar_path(path)
         if self.is_local:
