@@ -3,128 +3,20 @@
 The server runs as its own process on a free loopback port; Debian's Chromium is driven by
 Playwright. Every check compares what the page shows with SQL (or Python) computed here over the
 same store: counts, per-step rewards, filters, generated tokens, the divergent token of a failed
-merge. The page must make no request outside 127.0.0.1, and no script error. The rollout page asks
-the server for one rollout with `rollout_ids` (its files, not the store), the other pages without.
+merge. No script error. What the page and the server exchange: test_dashboard_requests.py.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections import Counter
-from pathlib import Path
-from urllib.parse import quote, urlsplit
 
 import pytest
+from web_page import RENDERED, Dashboard, open_view, value_of
 
 from lightning_otel.collector import connect
-from lightning_otel.collector.query_limits import MAX_ROLLOUT_ID_BYTES
 from lightning_otel.core import schema
-from lightning_otel.core.servers import free_port, wait_http_ok
-from lightning_otel.dashboards.browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.integration
-
-RENDERED = """() => { const v = document.getElementById('view');
-                      return v.dataset.ready === 'true' && v.dataset.hash === location.hash; }"""
-TIMEOUT_MS = 120_000  # two shared cores: a view's queries can take a while
-WEB_DIR = Path(__file__).resolve().parents[2] / "dashboards" / "lightning_otel" / "dashboards" / "web"
-
-
-class Dashboard:
-    def __init__(self, data_dir: Path, tokenizer: Path | None = None, query_token: str | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
-        command = [
-            sys.executable,
-            "-m",
-            "lightning_otel",
-            "dashboard",
-            "--data-dir",
-            str(data_dir),
-            "--port",
-            str(self.port),
-        ]
-        command += ["--tokenizer", str(tokenizer)] if tokenizer else []
-        command += ["--query-token", query_token] if query_token else []
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-    def __enter__(self) -> Dashboard:
-        try:
-            wait_http_ok(self.url + "health", 60, self.process, "dashboard")
-        except Exception:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *_) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def post(
-        self, route: str, payload: dict, token: str | None = None, content_type: str = "application/json"
-    ) -> tuple[int, dict]:
-        headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {token}"} if token else {})}
-        request = urllib.request.Request(self.url + route, json.dumps(payload).encode(), headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=60) as reply:
-                return reply.status, json.loads(reply.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
-
-
-@pytest.fixture(scope="module")
-def store(demo_run):
-    return connect(demo_run.data_dir)
-
-
-@pytest.fixture(scope="module")
-def dashboard(demo_run):
-    with Dashboard(demo_run.data_dir, tokenizer=demo_run.model_dir) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright import sync_api  # the dev extra
-
-    # `make test` installs Debian's chromium; without it these tests fail, they do not skip.
-    assert Path(CHROMIUM).exists(), f"no {CHROMIUM}: apt-get install chromium (`make test` does)"
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser):
-    """A fresh page that records every request it makes; a script error fails the test."""
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    new_page = context.new_page()
-    new_page.set_default_timeout(TIMEOUT_MS)
-    new_page.requests, new_page.errors = [], []
-    new_page.on("request", lambda request: new_page.requests.append(request.url))
-    new_page.on("pageerror", lambda error: new_page.errors.append(str(error)))
-    yield new_page
-    context.close()
-    assert new_page.errors == []
-
-
-def open_view(page, url: str) -> None:
-    page.goto(url)
-    page.wait_for_function(RENDERED)
-
-
-def value_of(page, testid: str) -> str:
-    return page.get_attribute(f"[data-testid={testid}]", "data-value")
 
 
 def test_overview_shows_the_stores_counts(page, dashboard, store):
@@ -319,64 +211,6 @@ def test_failed_merge_marks_the_divergent_token(page, dashboard, store):
     assert page.locator("[data-testid=sample]").count() == diagnosed + 1
 
 
-def test_query_endpoint_is_read_only(dashboard, store):
-    status, reply = dashboard.post("v1/query", {"sql": "SELECT count(*) AS n FROM llm_calls"})
-    assert status == 200 and reply == {
-        "columns": ["n"],
-        "rows": [[store.execute("SELECT count(*) FROM llm_calls").fetchone()[0]]],
-        "truncated": False,
-    }
-    for statement in (
-        "DELETE FROM spans",
-        "CREATE TABLE t AS SELECT 1",
-        "COPY (SELECT 1) TO '/tmp/x.csv'",
-        "SELECT 1; SELECT 2",
-        "SELECT * FROM read_text('/etc/passwd')",
-        "INSTALL httpfs",
-    ):
-        status, reply = dashboard.post("v1/query", {"sql": statement})
-        assert status == 400 and reply["error"], statement
-    # A cross-site form post cannot send JSON: anything else is refused before the SQL runs.
-    assert dashboard.post("v1/query", {"sql": "SELECT 1"}, content_type="text/plain")[0] == 415
-
-
-def test_query_token_guards_the_endpoints_and_the_page_uses_it(browser, demo_run):
-    with Dashboard(demo_run.data_dir, query_token="s3cret") as server:
-        assert server.post("v1/query", {"sql": "SELECT 1"})[0] == 401
-        assert server.post("v1/query", {"sql": "SELECT 1"}, token="wrong")[0] == 401
-        assert server.post("v1/query", {"sql": "SELECT 1 AS one"}, token="s3cret") == (
-            200,
-            {"columns": ["one"], "rows": [[1]], "truncated": False},
-        )
-        assert server.post("v1/detokenize", {"ids": [1]}, token="s3cret")[0] == 404  # started without --tokenizer
-        context = browser.new_context()
-        try:
-            page = context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(server.url + "?token=s3cret#overview")
-            page.wait_for_function(RENDERED)
-            assert "token" not in page.url  # kept for the tab, taken out of the address
-            calls = connect(demo_run.data_dir).execute("SELECT count(*) FROM llm_calls").fetchone()[0]
-            assert int(value_of(page, "kpi-llm-calls")) == calls
-        finally:
-            context.close()
-
-
-def test_the_page_makes_no_request_outside_loopback(page, dashboard, store):
-    rollout_id = store.execute(
-        "SELECT rollout_id FROM rollouts ORDER BY llm_calls DESC, rollout_id LIMIT 1"
-    ).fetchone()[0]
-    for route in ("#overview", "#training", "#rollouts", f"#rollout/{rollout_id}"):
-        open_view(page, dashboard.url + route)
-    assert len(page.requests) > 10
-    outside = [
-        url for url in page.requests if urlsplit(url).hostname != "127.0.0.1" or urlsplit(url).port != dashboard.port
-    ]
-    assert outside == []
-    with urllib.request.urlopen(dashboard.url) as reply:
-        assert "default-src 'none'" in reply.headers["Content-Security-Policy"]
-
-
 def test_every_view_renders_an_empty_store(page, tmp_path):
     with Dashboard(tmp_path / "no-spans-yet") as server:
         open_view(page, server.url + "#overview")
@@ -388,17 +222,6 @@ def test_every_view_renders_an_empty_store(page, tmp_path):
         ):
             open_view(page, server.url + route)
             assert text in page.inner_text("#view"), route
-
-
-def test_server_module_imports_only_the_standard_library():
-    code = (
-        "import sys, lightning_otel.dashboards.server as s; import argparse; "
-        "p = argparse.ArgumentParser(); s.add_parser(p.add_subparsers(), 'd'); "
-        "print(sorted(m for m in ('duckdb', 'tokenizers', 'pyarrow') if m in sys.modules))"
-    )
-    assert (
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
-    )
 
 
 def test_training_view_shows_what_was_left_out_of_training(page, tmp_path):
@@ -442,53 +265,3 @@ def test_training_view_shows_what_was_left_out_of_training(page, tmp_path):
             " r.querySelector('[data-col=rollouts]').textContent])"
         )
         assert sorted((cause, int(tokens), int(rollouts)) for cause, tokens, rollouts in shown) == sorted(expected)
-
-
-def _query_bodies(page) -> list[dict]:
-    """The JSON bodies the page posts to v1/query from now on (the list fills as it runs)."""
-    bodies: list[dict] = []
-    page.on(
-        "request",
-        lambda request: (
-            bodies.append(json.loads(request.post_data or "{}"))
-            if request.method == "POST" and urlsplit(request.url).path.endswith("/v1/query")
-            else None
-        ),
-    )
-    return bodies
-
-
-def test_the_rollout_page_narrows_its_queries_to_the_rollout(page, dashboard, store):
-    """The rollout page sends `rollout_ids: [id]` with its queries about the rollout, its spans, its
-    calls and its merge diagnostics (the server then reads only the files that can hold them); every
-    other page reads the whole store."""
-    rollout_id = store.execute(
-        "SELECT rollout_id FROM rollouts ORDER BY llm_calls DESC, rollout_id LIMIT 1"
-    ).fetchone()[0]
-    bodies = _query_bodies(page)
-    for route in ("#overview", "#training", "#rollouts"):
-        open_view(page, dashboard.url + route)
-    assert len(bodies) > 5 and [b for b in bodies if "rollout_ids" in b] == []
-    bodies.clear()
-    open_view(page, dashboard.url + f"#rollout/{quote(rollout_id)}")
-    narrowed = [b["sql"] for b in bodies if b.get("rollout_ids") == [rollout_id]]
-    whole = [b["sql"] for b in bodies if "rollout_ids" not in b]
-    assert len(narrowed) + len(whole) == len(bodies)
-    assert sorted(re.search(r"\bFROM (\w+)", sql)[1] for sql in narrowed) == [
-        "llm_calls",
-        "merge_diagnostics",
-        "rollouts",
-        "spans",
-    ]
-    assert whole == []
-    # An id over the server's cap, or none, is looked up over the whole store (a narrowed one would be a 400).
-    for odd in ("x" * (MAX_ROLLOUT_ID_BYTES + 1), ""):
-        bodies.clear()
-        open_view(page, dashboard.url + f"#rollout/{odd}")
-        assert "No rollout" in page.inner_text("#view") and len(bodies) == 4
-        assert [b for b in bodies if "rollout_ids" in b] == []
-
-
-def test_the_page_and_the_server_agree_on_the_rollout_id_cap():
-    rollout_js = (WEB_DIR / "rollout.js").read_text()
-    assert re.search(r"const MAX_ROLLOUT_ID_BYTES = (\d+);", rollout_js)[1] == str(MAX_ROLLOUT_ID_BYTES)
