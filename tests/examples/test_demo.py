@@ -42,6 +42,8 @@ def _demo(workdir: Path, iterations: int) -> subprocess.Popen:
             "2",
             "--sft-steps",
             "5",  # the loop, not the learning: a short warm-up
+            "--eval-tasks",
+            "2",  # and a short held-out pass (the whole set is 64 tasks)
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
