@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -311,9 +312,19 @@ def print_summary(data_dir: Path) -> None:
         )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (`kill`, a container's stop, `timeout`): stopped as Ctrl-C stops the loop, everything it
+    started stopped with it. Only this process gets the signal, not its servers as from a terminal."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def run(example: Example, argv: list[str] | None = None) -> int:
     """The whole loop for `example` (module docstring); returns the process exit code."""
     args = parse_args(example, argv)
+    signal.signal(signal.SIGTERM, _terminate)
     workdir = Path(args.workdir).resolve()
     open_workdir(workdir, args.fresh)  # the first line, before the seconds of imports below
 
@@ -414,9 +425,9 @@ def run(example: Example, argv: list[str] | None = None) -> int:
             f"  -> http://127.0.0.1:{DEFAULT_PORT}/"
         )
         return 0
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         print("interrupted; stopping everything the example started", file=sys.stderr)
-        return 130
+        return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
     finally:
         for agent in agents.values():
             agent.stop()
