@@ -3,6 +3,7 @@
     python bench/collector_ingest.py --payload a --requests 60 --senders 4
     python bench/collector_ingest.py --payload b --requests 60 --senders 4
     python bench/collector_ingest.py --payload c --requests 20000 --senders 4   # one span per request
+    python bench/collector_ingest.py --payload c --requests 20000 --senders 4 --against noop   # then a no-op receiver
     python bench/collector_ingest.py --payload a --requests 20 --micro   # the receiver's steps alone
     python bench/collector_ingest.py --payload b --target http://127.0.0.1:6006/v1/traces   # another receiver
     python bench/collector_ingest.py --payload b --token-encoding base64 --requests 20 --against phoenix \
@@ -236,6 +237,38 @@ def measure_phoenix(args: argparse.Namespace, bodies: list[bytes], total_spans: 
         phoenix.stop()
 
 
+def measure_noop(args: argparse.Namespace, bodies: list[bytes], total_spans: int, workdir: Path) -> dict:
+    """The same bodies, senders and clock against bench/noop_receiver.py: acknowledgement alone."""
+    import subprocess
+    import sys
+    import urllib.request
+
+    from lightning_otel.core.servers import free_port
+
+    port = free_port()
+    script = Path(__file__).with_name("noop_receiver.py")
+    process = subprocess.Popen([sys.executable, str(script), str(port)], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/traces", data=b"", timeout=1).read()
+                break
+            except OSError:
+                if time.time() > deadline or process.poll() is not None:
+                    raise
+                time.sleep(0.1)
+        cpu_before = cpu_seconds(process.pid)
+        records, sender_cpu, _ = send_all(f"http://127.0.0.1:{port}/v1/traces", bodies, args.senders)
+        out = ack_figures(records, total_spans, sum(len(b) for b in bodies))
+        out["cpu_us_per_request_receiver"] = (cpu_seconds(process.pid) - cpu_before) / len(bodies) * 1e6
+        out["cpu_us_per_request_senders"] = sender_cpu / len(bodies) * 1e6
+        return out
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
 def receiver_micro(bodies: list[bytes], spans_per_request: int) -> dict:
     """CPU per request of the receiver's own steps, one thread, no server: what the quick check
     saves over the upb parse (with the id check it replaced), and isal's CRC-32 over zlib's."""
@@ -277,7 +310,9 @@ def main() -> None:
     )
     parser.add_argument("--target", help="post to this URL instead of starting our collector")
     parser.add_argument(
-        "--against", choices=("phoenix",), help="after our collector, the same bodies against this receiver"
+        "--against",
+        choices=("phoenix", "noop"),
+        help="after our collector, the same bodies against this receiver (noop: bench/noop_receiver.py)",
     )
     parser.add_argument(
         "--phoenix-python", default="/work/phoenix-venv/bin/python", help="python of a venv with arize-phoenix"
@@ -336,6 +371,12 @@ def main() -> None:
                 }
                 _print("lightning-otel / Phoenix", ratios)
                 out = {**out, "phoenix": phoenix, **ratios}
+            if args.against == "noop":
+                noop = measure_noop(args, bodies, total_spans, workdir)
+                _print("aiohttp answering 200 to each body, nothing else (bench/noop_receiver.py), same bodies", noop)
+                ratio = {"ack_ratio": out["ack_requests_per_s"] / noop["ack_requests_per_s"]}
+                _print("lightning-otel / no-op receiver", ratio)
+                out = {**out, "noop": noop, **ratio}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=2))
     finally:
