@@ -42,11 +42,12 @@ STALL_PHASE_S, EXPORT_EVERY_S = 15.0, 0.05
 # The absence of a stall, not a timing: one 4 MB statement once held ingest for 27 s.
 ACK_P99_BOUND_S = 5.0
 QUERY_REPLY_BOUND_S = QUERY_TIMEOUT_S + 10.0  # parsing and planning count against the time limit
-# What ingest writes under spans/: Parquet files, their rollout indexes, and while writing one, its
-# hidden temporary name.
+# What ingest writes under spans/: Parquet files, their rollout indexes, the day indexes
+# (collector/day_index.py) and, while writing one, its hidden temporary name.
 STORE_FILE = re.compile(
     r"(_schema|part-\d+-[0-9a-f]+|compact-[0-9a-f-]+)\.parquet|(part-\d+-[0-9a-f]+|compact-[0-9a-f-]+)\.rollouts"
     r"|\.(part|compact)-.+\.(parquet|rollouts)\.\d+-\d+\.tmp"
+    r"|day\.(rollouts|confirmed)|\.day\.(rollouts|confirmed)\.\d+-\d+\.tmp"
 )
 
 

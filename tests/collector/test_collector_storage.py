@@ -116,7 +116,11 @@ def test_closed_hours_compact_to_one_file_and_retention_deletes_old_hours(tmp_pa
             assert post(url, request_bytes(_spans_at(start, [f"{label}-{i}" for i in range(3)])))[0] == 200
             collector.flush()
         assert collector.pipeline.compact() == 1  # yesterday's hour is closed: its 2 files become 1
+        assert collector.pipeline.index_days() >= 1  # three days ago's day index, beside its hour
+        old_date = time.strftime("date=%Y-%m-%d", time.gmtime(three_days_ago / 1e9))
+        old_days = [p for p in (collector.data_dir / "spans").rglob(old_date) if (p / "day.rollouts").exists()]
         assert collector.pipeline.apply_retention() == 1  # three days ago is past 48 hours
+        assert old_days and not any(day.exists() for day in old_days)  # its day index went with its last hour
         collector.pipeline.delete_doomed(now=time.monotonic() + 3600)
         names = {r[0].split("-")[0] for r in connect(collector.data_dir).execute("SELECT name FROM spans").fetchall()}
         assert names == {"recent", "now"}

@@ -319,7 +319,7 @@ class Pipeline:
         if self.retention_hours is None:
             return 0
         cutoff = datetime.now(UTC) - timedelta(hours=self.retention_hours)
-        removed = 0
+        removed, emptied = 0, set()
         selector = pafs.FileSelector(self.store.spans_root, recursive=True, allow_not_found=True)
         for info in self.store.fs.get_file_info(selector):
             if info.type != pafs.FileType.Directory or not info.base_name.startswith("hour="):
@@ -332,6 +332,11 @@ class Pipeline:
             if start + timedelta(hours=1) <= cutoff:
                 self.store.fs.delete_dir(info.path)
                 removed += 1
+                emptied.add(info.path.rsplit("/", 1)[0])
+        for day_dir in emptied:  # a day with no hour left: its day index (day_index.py) goes with it
+            children = self.store.fs.get_file_info(pafs.FileSelector(day_dir, allow_not_found=True))
+            if not any(child.type == pafs.FileType.Directory for child in children):
+                self.store.fs.delete_dir(day_dir)
         return removed
 
     def index_days(self, now: datetime | None = None) -> int:
