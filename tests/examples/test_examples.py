@@ -85,10 +85,11 @@ def merge_causes(data_dir: Path) -> dict[str | None, int]:
 
 
 def test_tool_use_example(tmp_path):
-    # 300 warm-up steps (one attempt that does not pass its check; the default runs up to four of
-    # 1,600): enough for the call's format, which this test needs; the copies it does not
+    # 120 warm-up steps (one attempt that does not pass its check; the default runs up to four of
+    # 1,600): the warm-up's loss reaches its plateau of the copies' uncertainty by ~100 steps, the call's
+    # format learnt, which this test needs; the copies it does not
     output = run_example(
-        "tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4", "--sft-steps", "300", "--eval-tasks", "8"
+        "tool_use", tmp_path, "--tasks", "2", "--rollouts-per-task", "4", "--sft-steps", "120", "--eval-tasks", "8"
     )
     data_dir = tmp_path / "traces"
     check_loop(output, data_dir, 8)

@@ -138,7 +138,7 @@ def test_swaps_under_load_drop_nothing_and_versions_are_exact(vllm_server, sessi
 def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
     vllm_server, session_collector, tiny_model_dir, tmp_path
 ):
-    """Two vLLM replicas behind one gateway, clients sending all along, three coordinated swaps: each
+    """Two vLLM replicas behind one gateway, clients sending all along, two coordinated swaps: each
     replica swaps in turn, and every request that arrives while one is closed is served by the other
     (its span's server.port says which), never queued behind the swap. Nothing fails."""
     from lightning_otel.core.servers import VLLMServer
@@ -174,7 +174,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
             for thread in threads:
                 thread.start()
             windows, previous = [], tiny_model_dir
-            for k in range(1, 4):
+            for k in range(1, 3):
                 time.sleep(0.5)
                 weights = tmp_path / f"two-{k}"
                 _noisy_weights(tiny_model_dir, weights, seed=200 + k)
@@ -186,7 +186,7 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
             stop.set()
             for thread in threads:
                 thread.join()
-        assert VLLMAdmin(vllm_server.url).weight_version() == VLLMAdmin(second.url).weight_version() == "t3"
+        assert VLLMAdmin(vllm_server.url).weight_version() == VLLMAdmin(second.url).weight_version() == "t2"
 
     assert failures == []
     conn = connect(session_collector.data_dir)
