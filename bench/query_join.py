@@ -37,6 +37,18 @@ QUERIES = {
 }
 
 
+def _lists(present: list[bool], values: pa.Array) -> pa.Array:
+    """`values` in each row where `present`, else null: built in Arrow (Python lists of 10M spans'
+    ids would take tens of GB)."""
+    offsets, end = [0], 0
+    for here in present:
+        end += len(values) if here else 0
+        offsets.append(end)
+    mask = pa.array([not here for here in present] + [False])
+    elements = pa.concat_arrays([values] * sum(present)) if any(present) else values.slice(0, 0)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), elements, mask=mask)
+
+
 def build_chunk(first_rollout: int, rollouts: int, now_us: int) -> pa.Table:
     kinds = ["AGENT", "LLM", "TOOL", "LLM", "TOOL", "LLM", "LLM", "EVALUATOR"]
     n = rollouts * len(kinds)
@@ -45,9 +57,9 @@ def build_chunk(first_rollout: int, rollouts: int, now_us: int) -> pa.Table:
     is_llm = [k == "LLM" for k in kind]
     start = [now_us - (r % 3600) * 1_000_000 + (i % len(kinds)) * 1000 for i, r in enumerate(rollout_index)]
     text = "word " * 400
-    prompt_ids = pa.array([list(range(512)) if llm else None for llm in is_llm], pa.list_(pa.int32()))
-    completion_ids = pa.array([list(range(64)) if llm else None for llm in is_llm], pa.list_(pa.int32()))
-    logprobs = pa.array([[-0.5] * 64 if llm else None for llm in is_llm], pa.list_(pa.float64()))
+    prompt_ids = _lists(is_llm, pa.array(range(512), pa.int32()))
+    completion_ids = _lists(is_llm, pa.array(range(64), pa.int32()))
+    logprobs = _lists(is_llm, pa.array([-0.5] * 64, pa.float64()))
     columns = {
         "trace_id": [f"{r:032x}" for r in rollout_index],
         "span_id": [f"{i + first_rollout * len(kinds):016x}" for i in range(n)],
@@ -98,18 +110,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--files", type=int, default=10, help="Parquet files (compacted partitions)")
+    parser.add_argument("--store", help="keep the store in this directory; reuse it if it holds one already")
     args = parser.parse_args()
-    data_dir = tempfile.mkdtemp(prefix="lightning-query-bench-")
+    data_dir = args.store or tempfile.mkdtemp(prefix="lightning-query-bench-")
     store = Store(data_dir)
-    store.ensure_schema_file()
-    rollouts = args.spans // 8
-    per_file = rollouts // args.files
-    now_us = int(time.time() * 1e6)
-    started = time.perf_counter()
-    for index in range(args.files):
-        table = build_chunk(index * per_file, per_file, now_us)
-        store.write(table, f"{store.spans_root}/service=bench/date=x/hour=00/compact-{index:04d}.parquet")
-    print(f"wrote {rollouts * 8:,} spans in {args.files} files in {time.perf_counter() - started:.0f} s ({data_dir})")
+    if store.files():
+        print(f"reusing the store in {data_dir} (its own span count, not --spans)")
+    else:
+        store.ensure_schema_file()
+        rollouts = args.spans // 8
+        per_file = rollouts // args.files
+        now_us = int(time.time() * 1e6)
+        started = time.perf_counter()
+        for index in range(args.files):
+            table = build_chunk(index * per_file, per_file, now_us)
+            store.write(table, f"{store.spans_root}/service=bench/date=x/hour=00/compact-{index:04d}.parquet")
+        print(
+            f"wrote {rollouts * 8:,} spans in {args.files} files in {time.perf_counter() - started:.0f} s ({data_dir})"
+        )
+    rows = connect(data_dir).execute("SELECT count(*) FROM spans_raw").fetchone()[0]
+    size = sum(path.stat().st_size for path in Path(data_dir).rglob("*") if path.is_file())
+    print(f"store: {rows:,} spans, {len(store.files())} span files, {size / 2**30:.2f} GiB on disk")
     for label, sql in QUERIES.items():
         timings = []
         for _ in range(3):

@@ -290,8 +290,17 @@ def view_statements(source: str) -> list[str]:
                    {", ".join(f"TRY_CAST(attributes[{_literal(attr)}] AS {kind}) AS {column}" for column, attr, kind in _TRAIN_COLUMNS)}
                    , from_json(attributes[{_literal(schema.TRAIN_SAMPLES_PER_ROLLOUT)}], '["BIGINT"]') AS samples_per_rollout
             FROM spans WHERE name = {_literal(schema.SPAN_TRAIN_STEP)}""",
+        # All but the two counts are max, min, bool_or, distinct lists or latest rewards, which a span's
+        # identical copies cannot change: grouped straight from spans_raw, not from spans, whose
+        # hash over nine key columns of every span was most of the view's cost. The counts need one
+        # row per span (llm_calls, spans). list_distinct: DuckDB plans list(DISTINCT ...) as a second
+        # grouping over a materialized copy of the spans. (test_rollouts_view_differential.py)
         f"""CREATE OR REPLACE VIEW rollouts AS
-            WITH members AS (
+            SELECT m.rollout_id, m.task_id, m.attempt, m.service_name, m.trace_id, m.start_time, m.end_time,
+                   date_diff('microsecond', m.start_time, m.end_time) / 1000.0 AS duration_ms,
+                   coalesce(c.llm_calls, 0) AS llm_calls, coalesce(t.tool_calls, 0) AS tool_calls,
+                   r.reward, r.rewards, m.policy_versions, m.failed, m.split
+            FROM (
                 SELECT rollout_id,
                        max(task_id) AS task_id,
                        max(attempt) AS attempt,
@@ -299,29 +308,28 @@ def view_statements(source: str) -> list[str]:
                        min(trace_id) FILTER (WHERE is_rollout_root) AS trace_id,
                        min(start_time) FILTER (WHERE reward_name IS NULL) AS start_time,
                        max(end_time) FILTER (WHERE reward_name IS NULL) AS end_time,
-                       count(*) FILTER (WHERE span_kind = {tool}) AS tool_calls,
-                       list(DISTINCT policy_version ORDER BY policy_version)
-                           FILTER (WHERE policy_version IS NOT NULL) AS policy_versions,
+                       list_sort(list_distinct(list(policy_version) FILTER (WHERE policy_version IS NOT NULL)))
+                           AS policy_versions,
                        coalesce(bool_or(is_rollout_root AND status_code = 'ERROR'), false) AS failed,
                        coalesce(max({_attribute(schema.ROLLOUT_SPLIT)}) FILTER (WHERE is_rollout_root OR span_kind = {llm}),
                                 {_literal(schema.SPLIT_TRAIN)}) AS split
-                FROM spans WHERE rollout_id IS NOT NULL
-                GROUP BY rollout_id),
-            calls AS (
-                SELECT rollout_id, count(*) AS llm_calls FROM llm_calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id),
-            latest AS (
-                SELECT rollout_id, name, arg_max(value, time) AS value
-                FROM rewards GROUP BY rollout_id, name),
-            per_rollout AS (
+                FROM spans_raw WHERE rollout_id IS NOT NULL
+                GROUP BY rollout_id) m
+            LEFT JOIN (
                 SELECT rollout_id,
                        max(value) FILTER (WHERE name = {primary}) AS reward,
                        map_from_entries(list(struct_pack(k := name, v := value) ORDER BY name)) AS rewards
-                FROM latest GROUP BY rollout_id)
-            SELECT m.rollout_id, m.task_id, m.attempt, m.service_name, m.trace_id, m.start_time, m.end_time,
-                   date_diff('microsecond', m.start_time, m.end_time) / 1000.0 AS duration_ms,
-                   coalesce(c.llm_calls, 0) AS llm_calls, m.tool_calls, r.reward, r.rewards, m.policy_versions, m.failed,
-                   m.split
-            FROM members m LEFT JOIN per_rollout r USING (rollout_id) LEFT JOIN calls c USING (rollout_id)""",
+                FROM (SELECT rollout_id, reward_name AS name, arg_max(reward_value, start_time) AS value
+                      FROM spans_raw WHERE reward_name IS NOT NULL AND rollout_id IS NOT NULL
+                      GROUP BY rollout_id, reward_name)
+                GROUP BY rollout_id) r USING (rollout_id)
+            LEFT JOIN (
+                SELECT rollout_id, count(*) AS llm_calls FROM llm_calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id
+            ) c USING (rollout_id)
+            LEFT JOIN (
+                SELECT rollout_id, count(*) AS tool_calls FROM spans
+                WHERE span_kind = {tool} AND rollout_id IS NOT NULL GROUP BY rollout_id
+            ) t USING (rollout_id)""",
         f"CREATE OR REPLACE VIEW reward_by_version AS {reward_by_version_sql('rollouts')}",
     ]
 
