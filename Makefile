@@ -40,10 +40,13 @@ node:
 # torchcodec, which make `import transformers` fail on this machine: they are removed again.
 # The venv takes ~4.5 GB; --no-cache-dir keeps pip from also keeping a copy of every download, which
 # a machine short of disk cannot spare.
+# PYTHONWARNINGS=ignore reaches setuptools in pip's build environments: it prints a notice per part
+# about editable installs (a meta path finder: the namespace package spans eight folders) and calls
+# [tool.setuptools.ext-modules] experimental, which a newcomer reads as errors. pip's own messages stay.
 $(VENV)/.installed: pyproject.toml */pyproject.toml | system
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q --no-cache-dir $(PARTS) --group test --group examples
+	PYTHONWARNINGS=ignore $(PY) -m pip install -q --no-cache-dir $(PARTS) --group test --group examples
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, transformers, vllm, duckdb, lightning_otel.trainer, lightning_otel.collector"
 	touch $@
