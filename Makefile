@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PARTS := -e ./core -e './instrument[integrations]' -e ./gateway -e './collector[s3]' -e ./trainer \
          -e ./dashboards -e './cli[serve-cpu]' -e ./testing
 
-.PHONY: setup system browser node test test-unit test-sdk-matrix lint typecheck demo clean
+.PHONY: setup system browser node test test-unit test-sdk-matrix ruff lint typecheck demo clean
 
 setup: $(VENV)/.installed
 
@@ -51,9 +51,11 @@ $(VENV)/.installed: pyproject.toml */pyproject.toml | system
 	$(PY) -c "import torch, transformers, vllm, duckdb, lightning_otel.trainer, lightning_otel.collector"
 	touch $@
 
-lint: setup
+ruff: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+
+lint: ruff
 	$(VENV)/bin/mypy
 
 # mypy over every part, configured in pyproject.toml's [tool.mypy] (all eight source roots, so it
@@ -67,9 +69,7 @@ test-unit: setup
 
 # The suite keeps one of two cores busy on average, so mypy (1-3 CPU-minutes without a cache) and the SDK
 # matrix run beside it on the other, their output held back and printed after the suite's.
-test: system browser node setup
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/ruff check .
+test: system browser node ruff
 	@mkdir -p $(VENV)/logs
 	@{ $(VENV)/bin/mypy > $(VENV)/logs/mypy.log 2>&1; echo $$? > $(VENV)/logs/mypy.rc; \
 	   $(PY) tests/sdk_matrix.py > $(VENV)/logs/sdk-matrix.log 2>&1; echo $$? > $(VENV)/logs/sdk-matrix.rc; } & beside=$$!; \

@@ -241,23 +241,14 @@ def measure_noop(args: argparse.Namespace, bodies: list[bytes], total_spans: int
     """The same bodies, senders and clock against bench/noop_receiver.py: acknowledgement alone."""
     import subprocess
     import sys
-    import urllib.request
 
-    from lightning_otel.core.servers import free_port
+    from lightning_otel.core.servers import free_port, wait_http_ok
 
     port = free_port()
     script = Path(__file__).with_name("noop_receiver.py")
     process = subprocess.Popen([sys.executable, str(script), str(port)], stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/traces", data=b"", timeout=1).read()
-                break
-            except OSError:
-                if time.time() > deadline or process.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        wait_http_ok(f"http://127.0.0.1:{port}/health", timeout_s=30, process=process, what="the no-op receiver")
         cpu_before = cpu_seconds(process.pid)
         records, sender_cpu, _ = send_all(f"http://127.0.0.1:{port}/v1/traces", bodies, args.senders)
         out = ack_figures(records, total_spans, sum(len(b) for b in bodies))

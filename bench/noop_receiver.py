@@ -19,9 +19,14 @@ async def export(request: web.Request) -> web.Response:
     return web.Response(body=b"", content_type="application/x-protobuf")
 
 
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 def main() -> None:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/traces", export)
+    app.router.add_get("/health", health)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
 
 
