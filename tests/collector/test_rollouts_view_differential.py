@@ -112,6 +112,19 @@ def store(tmp_path_factory):
     rows.append({"trace_id": "e" * 32, "span_id": "e" * 16, "rollout_id": "r-rewards-only", "name": "reward",
                  "span_kind": "EVALUATOR", "reward_name": "reward", "reward_value": 1.0,
                  "start_time": 1_700_000_000_000_000, "end_time": 1_700_000_000_000_001})  # fmt: skip
+    # A rollout over two traces whose exporter numbers span ids per trace (a custom id generator):
+    # the same span id in each trace is two spans, not two copies of one.
+    for trace in ("c" * 32, "d" * 32):
+        common = {
+            "trace_id": trace,
+            "rollout_id": "r-two-traces",
+            "task_id": "task-0",
+            "start_time": 1_800_900_000_000_000,
+        }
+        rows.append({**common, "span_id": "1".zfill(16), "name": "call", "span_kind": "LLM",
+                     "end_time": 1_800_900_001_000_000, "completion_token_ids": [5]})  # fmt: skip
+        rows.append({**common, "span_id": "2".zfill(16), "name": "tool", "span_kind": "TOOL",
+                     "end_time": 1_800_900_000_000_010})  # fmt: skip
     rng.shuffle(rows)
     data = Store(tmp_path_factory.mktemp("store"))
     data.ensure_schema_file()
@@ -166,7 +179,7 @@ def test_rollouts_match_the_reference_over_deduplicated_spans(store):
     got = conn.execute("""SELECT rollout_id, task_id, attempt, service_name, trace_id, start_time, end_time,
                                  llm_calls, tool_calls, reward, rewards, policy_versions, failed, split
                           FROM rollouts ORDER BY rollout_id""").fetchall()  # fmt: skip
-    assert len(got) == ROLLOUTS + 1
+    assert len(got) == ROLLOUTS + 2
     assert got == expected
     # The store does exercise what the columns depend on.
     assert {row[8] for row in got} >= {0, 1, 2} and any(row[7] for row in got) and any(row[12] for row in got)

@@ -290,15 +290,21 @@ def view_statements(source: str) -> list[str]:
                    {", ".join(f"TRY_CAST(attributes[{_literal(attr)}] AS {kind}) AS {column}" for column, attr, kind in _TRAIN_COLUMNS)}
                    , from_json(attributes[{_literal(schema.TRAIN_SAMPLES_PER_ROLLOUT)}], '["BIGINT"]') AS samples_per_rollout
             FROM spans WHERE name = {_literal(schema.SPAN_TRAIN_STEP)}""",
-        # All but the two counts are max, min, bool_or, distinct lists or latest rewards, which a span's
-        # identical copies cannot change: grouped straight from spans_raw, not from spans, whose
-        # hash over nine key columns of every span was most of the view's cost. The counts need one
-        # row per span (llm_calls, spans). list_distinct: DuckDB plans list(DISTINCT ...) as a second
-        # grouping over a materialized copy of the spans. (test_rollouts_view_differential.py)
+        # Grouped straight from spans_raw, not from spans, whose hash over nine key columns of every
+        # span was most of the view's cost: max, min, bool_or, distinct lists and latest rewards are
+        # the same over a span's identical copies, and the counts count distinct (trace_id, span_id).
+        # The counts are aggregates of that one grouping, not joins to llm_calls and tool_calls:
+        # DuckDB drops an aggregate no one reads but not a LEFT JOIN (its join elimination does not
+        # reach into a view), and those two joins, each deduplicating its spans, were half of
+        # `llm_calls JOIN rollouts` (bench/query_join.py). What stays joined is the wrapper search
+        # (a wrapper's inner call may carry another rollout id or none), whose cost is its candidates'
+        # scan. list_distinct(list(...)), not count(DISTINCT ...): DuckDB plans a DISTINCT aggregate
+        # over a materialized copy of the spans. (tests/collector/test_rollouts_view_differential.py)
         f"""CREATE OR REPLACE VIEW rollouts AS
             SELECT m.rollout_id, m.task_id, m.attempt, m.service_name, m.trace_id, m.start_time, m.end_time,
                    date_diff('microsecond', m.start_time, m.end_time) / 1000.0 AS duration_ms,
-                   coalesce(c.llm_calls, 0) AS llm_calls, coalesce(t.tool_calls, 0) AS tool_calls,
+                   coalesce(len(list_distinct(m.llm_spans)), 0) - coalesce(w.wrappers, 0) AS llm_calls,
+                   coalesce(len(list_distinct(m.tool_spans)), 0) AS tool_calls,
                    r.reward, r.rewards, m.policy_versions, m.failed, m.split
             FROM (
                 SELECT rollout_id,
@@ -308,6 +314,8 @@ def view_statements(source: str) -> list[str]:
                        min(trace_id) FILTER (WHERE is_rollout_root) AS trace_id,
                        min(start_time) FILTER (WHERE reward_name IS NULL) AS start_time,
                        max(end_time) FILTER (WHERE reward_name IS NULL) AS end_time,
+                       list(struct_pack(t := trace_id, s := span_id)) FILTER (WHERE span_kind = {llm}) AS llm_spans,
+                       list(struct_pack(t := trace_id, s := span_id)) FILTER (WHERE span_kind = {tool}) AS tool_spans,
                        list_sort(list_distinct(list(policy_version) FILTER (WHERE policy_version IS NOT NULL)))
                            AS policy_versions,
                        coalesce(bool_or(is_rollout_root AND status_code = 'ERROR'), false) AS failed,
@@ -324,12 +332,9 @@ def view_statements(source: str) -> list[str]:
                       GROUP BY rollout_id, reward_name)
                 GROUP BY rollout_id) r USING (rollout_id)
             LEFT JOIN (
-                SELECT rollout_id, count(*) AS llm_calls FROM llm_calls WHERE rollout_id IS NOT NULL GROUP BY rollout_id
-            ) c USING (rollout_id)
-            LEFT JOIN (
-                SELECT rollout_id, count(*) AS tool_calls FROM spans
-                WHERE span_kind = {tool} AND rollout_id IS NOT NULL GROUP BY rollout_id
-            ) t USING (rollout_id)""",
+                SELECT rollout_id, count(*) AS wrappers FROM ({_wrappers_sql()}) WHERE rollout_id IS NOT NULL
+                GROUP BY rollout_id
+            ) w USING (rollout_id)""",
         f"CREATE OR REPLACE VIEW reward_by_version AS {reward_by_version_sql('rollouts')}",
     ]
 
