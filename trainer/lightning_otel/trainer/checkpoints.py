@@ -102,10 +102,12 @@ class CheckpointStore:
         (rows written before the ledger kept start times are always kept). A ledger file whose name
         says its newest start (`ledger_name`) before `started_from_us` is not opened: a job that has
         run for months reads the files of its window, not one per step ever trained."""
-        ledger = sorted(self.ledger_dir.glob("*.parquet"))
+        # Names, not Paths, are filtered and sorted: a job months old has tens of thousands of files
+        # here, and sorting their Paths was most of the select stage (bench/store_scale.py).
+        names = [name for name in os.listdir(self.ledger_dir) if name.endswith(".parquet")]
         if started_from_us is not None:
-            ledger = [f for f in ledger if not _newest_start_before(f.name, started_from_us)]
-        files = [p / "rollouts.parquet" for p in self.committed()] + ledger
+            names = [name for name in names if not _newest_start_before(name, started_from_us)]
+        files = [p / "rollouts.parquet" for p in self.committed()] + [self.ledger_dir / name for name in sorted(names)]
         tables = []
         for table in (pq.read_table(f) for f in files if f.exists()):
             if started_from_us is not None and "start_us" in table.column_names:
