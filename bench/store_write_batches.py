@@ -7,7 +7,7 @@ becomes `pa.Table.from_batches` of one record batch per request (pipeline.conver
 each batch is one training span of payload (b)'s shape (4,096 prompt ids, 512 completion ids, 512
 logprobs). Both writers get the same chunked table and LIVE_WRITE_OPTIONS, to a local file, and
 Store.write also fsyncs and renames (so it is timed with pyarrow alone too); the best of `--rounds`
-is printed for each, with the list-page fallbacks counted during the run.
+is printed for each, then every round, with the list-page fallbacks counted during the run.
 """
 
 from __future__ import annotations
@@ -32,13 +32,15 @@ def one_span_table(batches: int) -> pa.Table:
     return pa.Table.from_batches([batch] * batches, SPANS_SCHEMA)
 
 
-def best_of(rounds: int, write) -> float:
+def timed(rounds: int, write) -> str:
+    """The best of `rounds`, then every round: a 450 MB write's time follows the page cache and the
+    disk's writeback as much as the writer."""
     times = []
     for _ in range(rounds):
         started = time.perf_counter()
         write()
         times.append(time.perf_counter() - started)
-    return min(times)
+    return f"{min(times):.2f} s (rounds: {', '.join(f'{t:.2f}' for t in times)})"
 
 
 def main() -> None:
@@ -53,19 +55,19 @@ def main() -> None:
         path = f"{store.spans_root}/f.parquet"
         columns = lists_with_values(table)
         fallbacks_before = dict(getattr(list_pages, "fallback_counts", dict)())
-        ours = best_of(args.rounds, lambda: store.write(table, path, LIVE_WRITE_OPTIONS, columns))
+        ours = timed(args.rounds, lambda: store.write(table, path, LIVE_WRITE_OPTIONS, columns))
         fallbacks_after = dict(getattr(list_pages, "fallback_counts", dict)())
         assert pq.read_table(path).num_rows == len(table)
-        theirs = best_of(args.rounds, lambda: pq.write_table(table, f"{tmp}/pyarrow.parquet", **LIVE_WRITE_OPTIONS))
+        theirs = timed(args.rounds, lambda: pq.write_table(table, f"{tmp}/pyarrow.parquet", **LIVE_WRITE_OPTIONS))
         # Store.write with no list columns: pyarrow alone, plus the fsync and rename every live file gets
-        durable = best_of(args.rounds, lambda: store.write(table, f"{store.spans_root}/p.parquet", LIVE_WRITE_OPTIONS))
+        durable = timed(args.rounds, lambda: store.write(table, f"{store.spans_root}/p.parquet", LIVE_WRITE_OPTIONS))
         # in memory, no disk: the CPU cost alone, free of the page cache and the disk's noise
-        encode = best_of(args.rounds, lambda: list_pages.encode(table, columns, **LIVE_WRITE_OPTIONS))
-        in_memory = best_of(args.rounds, lambda: pq.write_table(table, pa.BufferOutputStream(), **LIVE_WRITE_OPTIONS))
-    print(f"Store.write, list_pages for {', '.join(columns)}: {ours:.2f} s")
-    print(f"pq.write_table alone, same table and options: {theirs:.2f} s")
-    print(f"Store.write, pyarrow alone (write_table + fsync + rename): {durable:.2f} s")
-    print(f"in memory: list_pages.encode {encode:.2f} s, pq.write_table to a buffer {in_memory:.2f} s")
+        encode = timed(args.rounds, lambda: list_pages.encode(table, columns, **LIVE_WRITE_OPTIONS))
+        in_memory = timed(args.rounds, lambda: pq.write_table(table, pa.BufferOutputStream(), **LIVE_WRITE_OPTIONS))
+    print(f"Store.write, list_pages for {', '.join(columns)}: {ours}")
+    print(f"pq.write_table alone, same table and options: {theirs}")
+    print(f"Store.write, pyarrow alone (write_table + fsync + rename): {durable}")
+    print(f"in memory: list_pages.encode {encode}; pq.write_table to a buffer {in_memory}")
     print(f"list_pages fallbacks during Store.write: {fallbacks_before} -> {fallbacks_after}")
 
 
